@@ -1,0 +1,76 @@
+"""Blob store backend: a directory on the local file system (embedded default)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ..errors import BackendUnavailable
+from .base import BlobStoreBase
+from .cache import ObjectCache
+
+__all__ = ["DirectoryBlobStore"]
+
+
+class DirectoryBlobStore(BlobStoreBase):
+    """Objects as files under ``root``; a write is temp file + fsync + rename,
+    so a reader never sees a partial object and a crash leaves none behind."""
+
+    def __init__(self, root: str | os.PathLike[str], cache: ObjectCache | None = None) -> None:
+        super().__init__(cache)
+        self.root = Path(root)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot create blob directory {self.root}: {exc}") from exc
+        self.url = f"file://{self.root.absolute()}"
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def _put_raw(self, key: str, data: bytes) -> None:
+        path = self._path(key)
+        if path.exists():
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except FileNotFoundError:
+                pass
+            raise
+
+    def _get_raw(self, key: str) -> bytes | None:
+        try:
+            return self._path(key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _has_raw(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def _delete_raw(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def _iter_raw(self, prefix: str) -> Iterator[str]:
+        base = self.root / prefix
+        if not base.exists():
+            return
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith(".tmp-"):
+                    continue
+                full = Path(dirpath) / name
+                yield full.relative_to(self.root).as_posix()

@@ -1,0 +1,1 @@
+"""The relational store: schema (tables), engines, migrations."""

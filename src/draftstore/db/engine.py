@@ -1,0 +1,67 @@
+"""Engines for the relational store, and the schema check.
+
+SQLite (embedded default) gets WAL, a busy timeout and ``BEGIN IMMEDIATE`` for
+every transaction, so concurrent writers queue instead of failing late with
+"database is locked". PostgreSQL runs through psycopg 3 with a pool.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import event
+from sqlalchemy.engine import Engine, make_url
+
+from ..errors import BackendUnavailable, ConfigInvalid
+
+__all__ = ["create_db_engine", "is_sqlite"]
+
+
+def is_sqlite(engine: Engine) -> bool:
+    return engine.dialect.name == "sqlite"
+
+
+def create_db_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for ``url``; ``postgresql://`` is taken to mean psycopg 3."""
+    try:
+        u = make_url(url)
+    except Exception as exc:
+        raise ConfigInvalid(f"invalid database URL: {exc}", url=url) from exc
+    if u.drivername in ("postgresql", "postgres"):
+        u = u.set(drivername="postgresql+psycopg")
+    if u.get_backend_name() == "sqlite":
+        db = u.database
+        if db and db != ":memory:":
+            try:
+                Path(db).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise BackendUnavailable(f"cannot create {Path(db).parent}: {exc}") from exc
+        engine = sa.create_engine(
+            u,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=8,
+            max_overflow=16,
+            **kwargs,
+        )
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn: Any, _rec: Any) -> None:
+            # take transaction control from pysqlite so BEGIN IMMEDIATE is ours
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    if u.get_backend_name() == "postgresql":
+        return sa.create_engine(u, pool_size=10, max_overflow=20, pool_pre_ping=False, **kwargs)
+    return sa.create_engine(u, **kwargs)

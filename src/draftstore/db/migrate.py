@@ -1,0 +1,58 @@
+"""Alembic, driven from code: ``upgrade`` and the schema-is-current check.
+
+The migration scripts ship inside the package (``draftstore/migrations``), so
+an installed draftstore can migrate its own database without a checkout.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import Engine
+
+from ..errors import SchemaOutdated
+
+__all__ = ["alembic_config", "upgrade", "current_revision", "head_revision", "check_schema"]
+
+MIGRATIONS = Path(__file__).resolve().parent.parent / "migrations"
+
+
+def alembic_config(url: str | None = None) -> Config:
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    if url:
+        cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Migrate the database behind ``engine`` to ``revision``; idempotent."""
+    cfg = alembic_config()
+    with engine.begin() as conn:
+        cfg.attributes["connection"] = conn
+        command.upgrade(cfg, revision)
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config()).get_current_head()
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def check_schema(engine: Engine) -> None:
+    """Raise ``schema.outdated`` unless the database is at the newest migration."""
+    current, head = current_revision(engine), head_revision()
+    if current != head:
+        raise SchemaOutdated(
+            f"database schema is at {current or 'nothing'}, this draftstore needs {head}: "
+            "run `draftstore db upgrade`",
+            current=current,
+            head=head,
+        )

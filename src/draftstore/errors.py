@@ -1,0 +1,198 @@
+"""The one exception family of draftstore.
+
+Every error raised on purpose by draftstore is a ``DraftstoreError`` with a
+stable, dotted ``code``. Callers (and the HTTP layer) branch on ``code``, never
+on the message. Errors from SQLAlchemy, psycopg, botocore and redis-py are
+mapped at the backend boundary and chained with ``from``.
+
+Tree (code in brackets)::
+
+    DraftstoreError
+    ├── InvalidInput                     bad input; nothing was changed
+    │   ├── PathDenied         [path.denied]
+    │   ├── PayloadTooLarge    [payload.too_large]
+    │   ├── PatchInvalid       [patch.invalid]
+    │   ├── LimitExceeded      [limit.exceeded]
+    │   └── ConfigInvalid      [config.invalid]
+    ├── NotFound
+    │   ├── ProjectNotFound    [project.not_found]
+    │   ├── VersionNotFound    [version.not_found]
+    │   ├── TurnNotFound       [turn.not_found]
+    │   ├── ToolCallNotFound   [toolcall.not_found]
+    │   ├── PathNotFound       [path.not_found]
+    │   ├── DraftNone          [draft.none]
+    │   └── BlobNotFound       [blob.not_found]
+    ├── StateConflict                    the state moved; retry or decide
+    │   ├── TurnNotRunning     [turn.not_running]
+    │   ├── TurnAlreadyRunning [turn.already_running]
+    │   ├── ToolCallNotStarted [toolcall.not_started]
+    │   ├── DraftConflict      [draft.conflict]
+    │   ├── DraftBusy          [draft.busy]
+    │   ├── PathConflict       [path.conflict]
+    │   └── LockTimeout        [lock.timeout]
+    ├── IntegrityError
+    │   └── ChecksumMismatch   [blob.checksum_mismatch]
+    └── BackendError                     a store could not be reached or used
+        ├── BackendUnavailable [backend.unavailable]
+        └── SchemaOutdated     [schema.outdated]
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "DraftstoreError",
+    "InvalidInput",
+    "PathDenied",
+    "PayloadTooLarge",
+    "PatchInvalid",
+    "LimitExceeded",
+    "ConfigInvalid",
+    "NotFound",
+    "ProjectNotFound",
+    "VersionNotFound",
+    "TurnNotFound",
+    "ToolCallNotFound",
+    "PathNotFound",
+    "DraftNone",
+    "BlobNotFound",
+    "StateConflict",
+    "TurnNotRunning",
+    "TurnAlreadyRunning",
+    "ToolCallNotStarted",
+    "DraftConflict",
+    "DraftBusy",
+    "PathConflict",
+    "LockTimeout",
+    "IntegrityError",
+    "ChecksumMismatch",
+    "BackendError",
+    "BackendUnavailable",
+    "SchemaOutdated",
+]
+
+
+class DraftstoreError(Exception):
+    """Base of every draftstore error; ``code`` is stable across releases."""
+
+    code: str = "draftstore.error"
+
+    def __init__(self, message: str, **details: Any) -> None:
+        super().__init__(message)
+        self.message = message
+        self.details = details
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.message}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, **self.details}
+
+
+class InvalidInput(DraftstoreError):
+    code = "input.invalid"
+
+
+class PathDenied(InvalidInput):
+    code = "path.denied"
+
+
+class PayloadTooLarge(InvalidInput):
+    code = "payload.too_large"
+
+
+class PatchInvalid(InvalidInput):
+    code = "patch.invalid"
+
+
+class LimitExceeded(InvalidInput):
+    code = "limit.exceeded"
+
+
+class ConfigInvalid(InvalidInput):
+    code = "config.invalid"
+
+
+class NotFound(DraftstoreError):
+    code = "not_found"
+
+
+class ProjectNotFound(NotFound):
+    code = "project.not_found"
+
+
+class VersionNotFound(NotFound):
+    code = "version.not_found"
+
+
+class TurnNotFound(NotFound):
+    code = "turn.not_found"
+
+
+class ToolCallNotFound(NotFound):
+    code = "toolcall.not_found"
+
+
+class PathNotFound(NotFound):
+    code = "path.not_found"
+
+
+class DraftNone(NotFound):
+    code = "draft.none"
+
+
+class BlobNotFound(NotFound):
+    code = "blob.not_found"
+
+
+class StateConflict(DraftstoreError):
+    code = "state.conflict"
+
+
+class TurnNotRunning(StateConflict):
+    code = "turn.not_running"
+
+
+class TurnAlreadyRunning(StateConflict):
+    code = "turn.already_running"
+
+
+class ToolCallNotStarted(StateConflict):
+    code = "toolcall.not_started"
+
+
+class DraftConflict(StateConflict):
+    code = "draft.conflict"
+
+
+class DraftBusy(StateConflict):
+    code = "draft.busy"
+
+
+class PathConflict(StateConflict):
+    code = "path.conflict"
+
+
+class LockTimeout(StateConflict):
+    code = "lock.timeout"
+
+
+class IntegrityError(DraftstoreError):
+    code = "integrity.error"
+
+
+class ChecksumMismatch(IntegrityError):
+    code = "blob.checksum_mismatch"
+
+
+class BackendError(DraftstoreError):
+    code = "backend.error"
+
+
+class BackendUnavailable(BackendError):
+    code = "backend.unavailable"
+
+
+class SchemaOutdated(BackendError):
+    code = "schema.outdated"

@@ -1,0 +1,83 @@
+"""The one path validator every user path crosses.
+
+A valid path is relative, '/'-separated, non-empty UTF-8, with no empty, '.'
+or '..' segment, not absolute, no NUL or control character, no backslash, no
+Windows drive prefix, and within the length and depth limits. ``normalize_path``
+returns the canonical form; every other module trusts only that form. Object
+keys are never derived from paths.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+from .errors import PathDenied
+from .settings import Limits
+
+__all__ = ["normalize_path", "parent_dirs", "normalize_dir"]
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+_DEFAULT_LIMITS = Limits()
+
+
+def _deny(reason: str, path: object) -> PathDenied:
+    shown = repr(path)[:200]
+    return PathDenied(f"path {shown} denied: {reason}", path=shown, reason=reason)
+
+
+def normalize_path(path: object, limits: Limits | None = None) -> str:
+    """Validate ``path`` and return its canonical form.
+
+    The canonical form drops a single leading './' and repeated or trailing
+    '/' separators are refused rather than repaired, so two spellings never
+    name the same file silently. Raises ``PathDenied`` (``path.denied``).
+    """
+    lim = limits or _DEFAULT_LIMITS
+    if not isinstance(path, str):
+        raise _deny("not a string", path)
+    if path == "":
+        raise _deny("empty", path)
+    try:
+        encoded = path.encode("utf-8")
+    except UnicodeEncodeError:
+        raise _deny("not valid UTF-8", path) from None
+    if len(encoded) > lim.max_path_bytes:
+        raise _deny(f"longer than {lim.max_path_bytes} bytes", path)
+    for ch in path:
+        if unicodedata.category(ch) in ("Cc", "Cs") or ch in "\u2028\u2029":
+            raise _deny("control character", path)
+    if "\\" in path:
+        raise _deny("backslash", path)
+    if path.startswith("/"):
+        raise _deny("absolute", path)
+    if _DRIVE.match(path):
+        raise _deny("drive prefix", path)
+    if path.startswith("./"):
+        path = path[2:]
+    segments = path.split("/")
+    if len(segments) > lim.max_path_depth:
+        raise _deny(f"deeper than {lim.max_path_depth} segments", path)
+    for seg in segments:
+        if seg == "":
+            raise _deny("empty segment", path)
+        if seg in (".", ".."):
+            raise _deny(f"'{seg}' segment", path)
+        if len(seg.encode("utf-8")) > lim.max_segment_bytes:
+            raise _deny(f"segment longer than {lim.max_segment_bytes} bytes", path)
+    return path
+
+
+def normalize_dir(path: object, limits: Limits | None = None) -> str:
+    """Like ``normalize_path`` for a directory; '' (or '.', '/') is the root."""
+    if path in ("", ".", "/", "./"):
+        return ""
+    if isinstance(path, str) and path.endswith("/"):
+        path = path[:-1]
+    return normalize_path(path, limits)
+
+
+def parent_dirs(path: str) -> list[str]:
+    """Proper ancestors of a canonical path, nearest last: 'a/b/c' -> ['a', 'a/b']."""
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]

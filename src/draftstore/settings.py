@@ -1,0 +1,81 @@
+"""Configuration, read from ``DRAFTSTORE_*`` environment variables.
+
+With no variable set, everything runs on the embedded defaults under
+``./.draftstore/``: a SQLite file, a directory of blobs and an in-process
+coordinator.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["Settings", "Limits", "DEFAULT_HOME"]
+
+DEFAULT_HOME = Path(".draftstore")
+
+
+class Limits(BaseSettings):
+    """Input limits. Each is an environment variable ``DRAFTSTORE_<NAME>``.
+
+    Exceeding one raises ``payload.too_large`` or ``limit.exceeded`` and
+    changes nothing.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore")
+
+    max_file_bytes: int = Field(16 * 1024 * 1024, description="largest single file")
+    max_files_per_draft: int = Field(250_000, description="files in one project state")
+    max_batch_files: int = Field(10_000, description="paths in one apply_changes batch")
+    max_json_state_bytes: int = Field(
+        4 * 1024 * 1024, description="characters or world settings, serialised"
+    )
+    max_message_bytes: int = Field(1024 * 1024, description="one user/assistant message")
+    inline_payload_bytes: int = Field(
+        8 * 1024,
+        description="tool args/results up to this size stay in the row; larger go to the blob store",
+    )
+    max_payload_bytes: int = Field(64 * 1024 * 1024, description="one tool args or result")
+    payload_preview_chars: int = Field(512, description="inline preview of an offloaded payload")
+    max_path_bytes: int = Field(1024, description="one path, UTF-8 encoded")
+    max_path_depth: int = Field(64, description="segments in one path")
+    max_segment_bytes: int = Field(255, description="one path segment, UTF-8 encoded")
+
+
+class Settings(BaseSettings):
+    """Where the three stores live, plus tuning knobs."""
+
+    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore")
+
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; default sqlite:///.draftstore/draftstore.db"
+    )
+    blob_url: str | None = Field(
+        None, description="file:///path or s3://bucket?endpoint_url=..&region=..; default .draftstore/blobs"
+    )
+    coord_url: str | None = Field(
+        None, description="memory:// or redis://host:port/db; default memory://"
+    )
+    home: Path = Field(DEFAULT_HOME, description="root of the embedded defaults")
+    cache_bytes: int = Field(
+        64 * 1024 * 1024, description="in-process cache of immutable objects, in bytes"
+    )
+    lock_timeout_s: float = Field(10.0, description="how long to wait for a coordinator lock")
+    heartbeat_ttl_s: float = Field(
+        60.0, description="a running turn whose heartbeat is older is reaped as interrupted"
+    )
+    publishing_stuck_s: float = Field(
+        300.0, description="a draft publishing for longer is released by the recovery sweep"
+    )
+    limits: Limits = Field(default_factory=Limits)
+
+    def resolved_database_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.home / 'draftstore.db'}"
+
+    def resolved_blob_url(self) -> str:
+        return self.blob_url or f"file://{(self.home / 'blobs').absolute()}"
+
+    def resolved_coord_url(self) -> str:
+        return self.coord_url or "memory://"

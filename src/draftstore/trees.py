@@ -1,0 +1,188 @@
+"""Code state as a content-addressed Merkle tree: one object per directory.
+
+A tree object lists a directory's entries, sorted by name, one per line::
+
+    tree 1
+    f <sha256> <size-in-bytes> <name>
+    d <sha256> <files-below> <name>
+
+It is stored in the blob store like any blob, so its digest names the whole
+subtree: versions share structure, publish copies one key, and diff skips a
+subtree whose digest did not change. Decoding does no I/O; ``TreeReader``
+loads nodes through the blob store and keeps decoded nodes in the in-process
+cache (a digest never changes, so the cache never goes stale).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+from .blobs import BlobStore, ObjectCache
+from .digest import EMPTY_TREE, Digest, digest_of
+from .errors import IntegrityError
+
+__all__ = ["Entry", "encode_tree", "decode_tree", "TreeReader", "FileChange"]
+
+_HEADER = b"tree 1\n"
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One directory entry. For a file ``size`` is bytes; for a dir, files below it."""
+
+    name: str
+    kind: str  # "f" or "d"
+    digest: Digest
+    size: int
+
+    @property
+    def is_dir(self) -> bool:
+        return self.kind == "d"
+
+
+# A change folded into a tree: the new file (digest, size), or None to delete.
+FileChange = tuple[Digest, int] | None
+
+
+def encode_tree(entries: Mapping[str, Entry]) -> bytes:
+    """Canonical bytes of a directory: same entries, same bytes, same digest."""
+    lines = [_HEADER]
+    for name in sorted(entries):
+        e = entries[name]
+        lines.append(f"{e.kind} {e.digest} {e.size} {name}\n".encode())
+    return b"".join(lines)
+
+
+def decode_tree(data: bytes) -> dict[str, Entry]:
+    """Parse a tree object. Raises ``integrity.error`` on a malformed object."""
+    if not data.startswith(_HEADER):
+        raise IntegrityError("object is not a tree")
+    out: dict[str, Entry] = {}
+    try:
+        for line in data[len(_HEADER):].decode().split("\n"):
+            if not line:
+                continue
+            kind, digest, size, name = line.split(" ", 3)
+            out[name] = Entry(name, kind, str.__new__(Digest, digest), int(size))
+    except ValueError as exc:
+        raise IntegrityError(f"malformed tree object: {exc}") from exc
+    return out
+
+
+def _tree_size(entries: Mapping[str, Entry]) -> int:
+    # approximate memory of a decoded node, for the cache budget
+    return 120 + 160 * len(entries)
+
+
+class TreeReader:
+    """Reads and writes tree nodes through a blob store, caching decoded nodes."""
+
+    def __init__(self, blobs: BlobStore, cache: ObjectCache) -> None:
+        self.blobs = blobs
+        self.cache = cache
+
+    # -- reading -------------------------------------------------------------
+    def load(self, digest: Digest) -> dict[str, Entry]:
+        """Decoded entries of tree ``digest`` (do not mutate the result)."""
+        key = "tree:" + digest
+        node = self.cache.get(key)
+        if node is None:
+            node = {} if digest == EMPTY_TREE else decode_tree(self.blobs.get(digest))
+            self.cache.add(key, node, _tree_size(node))
+        return node
+
+    def lookup(self, root: Digest, path: str) -> Entry | None:
+        """Entry at canonical ``path`` under ``root`` (file or dir), or None. O(depth)."""
+        node = self.load(root)
+        parts = path.split("/")
+        for i, part in enumerate(parts):
+            entry = node.get(part)
+            if entry is None:
+                return None
+            if i == len(parts) - 1:
+                return entry
+            if not entry.is_dir:
+                return None
+            node = self.load(entry.digest)
+        return None
+
+    def dir_digest(self, root: Digest, path: str) -> Digest | None:
+        """Digest of directory ``path`` ('' is the root), or None if it is not a directory."""
+        if path == "":
+            return root
+        entry = self.lookup(root, path)
+        return entry.digest if entry is not None and entry.is_dir else None
+
+    def walk(self, root: Digest, prefix: str = "") -> Iterator[tuple[str, Entry]]:
+        """Every file under tree ``root`` as (path, entry), sorted by path."""
+        node = self.load(root)
+        for name in sorted(node):
+            entry = node[name]
+            path = f"{prefix}{name}"
+            if entry.is_dir:
+                yield from self.walk(entry.digest, path + "/")
+            else:
+                yield path, entry
+
+    def count(self, root: Digest) -> int:
+        return sum(e.size if e.is_dir else 1 for e in self.load(root).values())
+
+    # -- writing ------------------------------------------------------------
+    def seal(self, root: Digest, changes: Mapping[str, FileChange]) -> tuple[Digest, int]:
+        """Fold ``changes`` (canonical path -> new file or None) into ``root``.
+
+        Returns (new root, files in it). Only the directories on changed
+        paths are rewritten: O(changed x depth) new objects, uploaded in one
+        parallel batch before this returns, so a root handed out is always
+        complete in the blob store. Deleting an absent path is a no-op;
+        directories left empty disappear. Callers guarantee no file/dir clash
+        (the store checks that at write time).
+        """
+        if not changes:
+            return root, self.count(root)
+        new_nodes: list[tuple[bytes, dict[str, Entry]]] = []
+        top = [(p.split("/"), c) for p, c in changes.items()]
+        result = self._apply(root, top, new_nodes)
+        if result is None:
+            new_nodes.append((encode_tree({}), {}))
+            result = (EMPTY_TREE, 0)
+        self.blobs.put_many([data for data, _ in new_nodes])
+        for data, node in new_nodes:
+            self.cache.add("tree:" + digest_of(data), node, _tree_size(node))
+        return result
+
+    def _apply(
+        self,
+        digest: Digest | None,
+        changes: list[tuple[list[str], FileChange]],
+        new_nodes: list[tuple[bytes, dict[str, Entry]]],
+    ) -> tuple[Digest, int] | None:
+        entries = dict(self.load(digest)) if digest is not None else {}
+        nested: dict[str, list[tuple[list[str], FileChange]]] = defaultdict(list)
+        for parts, change in changes:
+            name = parts[0]
+            if len(parts) > 1:
+                nested[name].append((parts[1:], change))
+            elif change is None:
+                cur = entries.get(name)
+                if cur is not None and not cur.is_dir:
+                    del entries[name]
+            else:
+                entries[name] = Entry(name, "f", change[0], change[1])
+        for name, sub in nested.items():
+            cur = entries.get(name)
+            sub_root = cur.digest if cur is not None and cur.is_dir else None
+            res = self._apply(sub_root, sub, new_nodes)
+            if res is None:
+                if cur is not None and cur.is_dir:
+                    del entries[name]
+            else:
+                entries[name] = Entry(name, "d", res[0], res[1])
+        if not entries:
+            return None
+        data = encode_tree(entries)
+        new_nodes.append((data, entries))
+        files = sum(e.size if e.is_dir else 1 for e in entries.values())
+        return digest_of(data), files

@@ -1,0 +1,171 @@
+"""What an agent reads: one pinned project state (a draft, a version, or empty).
+
+A ``View`` is ``sealed tree + overlay``, with the overlay copied when the view
+is made. Tree nodes and blobs are immutable, so every read from one view sees
+one consistent state however the draft changes meanwhile; make a new view to
+see newer writes.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from .digest import Digest
+from .errors import PathNotFound
+from .paths import normalize_dir, normalize_path
+from .settings import Limits
+from .trees import Entry, TreeReader
+
+__all__ = ["View", "FileStat", "OverlayEntry"]
+
+# overlay value: (digest, size) of the new content, or None for a deletion
+OverlayEntry = tuple[Digest, int] | None
+
+
+@dataclass(frozen=True)
+class FileStat:
+    path: str
+    size: int
+    digest: Digest
+
+
+class View:
+    """A read-only, pinned project state.
+
+    ``kind`` is ``"draft"``, ``"version"`` or ``"empty"`` (a project with no
+    version and no draft); ``draft_id`` / ``version_id`` say which state it is.
+    """
+
+    def __init__(
+        self,
+        *,
+        trees: TreeReader,
+        project_id: str,
+        kind: str,
+        root: Digest,
+        overlay: Mapping[str, OverlayEntry],
+        characters: Any,
+        world_settings: Any,
+        version_id: str | None = None,
+        draft_id: str | None = None,
+        revision: int | None = None,
+        limits: Limits | None = None,
+    ) -> None:
+        self._trees = trees
+        self._overlay = dict(overlay)
+        self._limits = limits or Limits()
+        self.project_id = project_id
+        self.kind = kind
+        self.root = root
+        self.version_id = version_id
+        self.draft_id = draft_id
+        self.revision = revision
+        self._characters = characters
+        self._world_settings = world_settings
+
+    def __repr__(self) -> str:
+        target = self.draft_id or self.version_id or "-"
+        return f"<View {self.kind} {target} root={self.root[:12]} overlay={len(self._overlay)}>"
+
+    @property
+    def resolved_to(self) -> str:
+        """'draft', 'version' or 'empty'."""
+        return self.kind
+
+    @property
+    def characters(self) -> Any:
+        return copy.deepcopy(self._characters)
+
+    @property
+    def world_settings(self) -> Any:
+        return copy.deepcopy(self._world_settings)
+
+    # -- single files ------------------------------------------------------
+    def _file(self, path: str) -> tuple[Digest, int] | None:
+        if path in self._overlay:
+            return self._overlay[path]
+        entry = self._trees.lookup(self.root, path)
+        if entry is None or entry.is_dir:
+            return None
+        return entry.digest, entry.size
+
+    def stat(self, path: str) -> FileStat:
+        """Size and digest of a file. Raises ``path.not_found``, ``path.denied``."""
+        p = normalize_path(path, self._limits)
+        f = self._file(p)
+        if f is None:
+            raise PathNotFound(f"no file {p!r} in this {self.kind}", path=p)
+        return FileStat(p, f[1], f[0])
+
+    def read_file(self, path: str) -> bytes:
+        """Content of a file. Raises ``path.not_found``, ``path.denied``."""
+        st = self.stat(path)
+        return self._trees.blobs.get(st.digest)
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        return self.read_file(path).decode(encoding)
+
+    def exists(self, path: str) -> bool:
+        """True if ``path`` is a file in this state (directories: see ``is_dir``)."""
+        p = normalize_path(path, self._limits)
+        return self._file(p) is not None
+
+    # -- listings ------------------------------------------------------------
+    def iter_files(self) -> Iterator[tuple[str, FileStat]]:
+        """Every file as (path, stat), sorted by path; merges tree and overlay."""
+        if not self._overlay:
+            for path, e in self._trees.walk(self.root):
+                yield path, FileStat(path, e.size, e.digest)
+            return
+        extra = sorted((p, v) for p, v in self._overlay.items() if v is not None)
+        i = 0
+        for path, e in self._trees.walk(self.root):
+            while i < len(extra) and extra[i][0] < path:
+                p, (d, s) = extra[i]
+                yield p, FileStat(p, s, d)
+                i += 1
+            if i < len(extra) and extra[i][0] == path:
+                p, (d, s) = extra[i]
+                yield p, FileStat(p, s, d)
+                i += 1
+                continue
+            if path in self._overlay:  # deleted
+                continue
+            yield path, FileStat(path, e.size, e.digest)
+        for p, (d, s) in extra[i:]:
+            yield p, FileStat(p, s, d)
+
+    def list_files(self) -> list[str]:
+        """Every file path, sorted."""
+        return [p for p, _ in self.iter_files()]
+
+    def file_count(self) -> int:
+        if not self._overlay:
+            return self._trees.count(self.root)
+        return sum(1 for _ in self.iter_files())
+
+    def _tree_children(self, dirpath: str) -> Mapping[str, Entry]:
+        d = self._trees.dir_digest(self.root, dirpath)
+        return self._trees.load(d) if d is not None else {}
+
+    def is_dir(self, path: str) -> bool:
+        d = normalize_dir(path, self._limits)
+        if d == "":
+            return True
+        prefix = d + "/"
+        if any(v is not None and p.startswith(prefix) for p, v in self._overlay.items()):
+            return True
+        if self._trees.dir_digest(self.root, d) is None:
+            return False
+        return any(True for _ in self._walk_dir(d))
+
+    def _walk_dir(self, d: str) -> Iterator[str]:
+        digest = self._trees.dir_digest(self.root, d)
+        if digest is None:
+            return
+        for path, _ in self._trees.walk(digest, d + "/"):
+            if path not in self._overlay:
+                yield path
