@@ -1,0 +1,237 @@
+"""``draftstore`` command line: demo, db upgrade, import/export, log, show, publish, rollback, sweep.
+
+Every command reads the store location from ``DRAFTSTORE_*`` variables (embedded
+defaults under ./.draftstore/ when unset). Errors print their stable code and
+exit with status 2 (bad input / not found / conflict) or 3 (a backend failed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from collections.abc import Callable
+from functools import wraps
+from pathlib import Path
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import errors as E
+from .settings import Settings
+from .store import Store
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    @wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except E.BackendError as exc:
+            err_console.print(f"[red]error[/red] {exc}")
+            sys.exit(3)
+        except E.DraftstoreError as exc:
+            err_console.print(f"[red]error[/red] {exc}")
+            sys.exit(2)
+
+    return wrapper
+
+
+def _open(migrate: bool | None = None) -> Store:
+    return Store.open(migrate=migrate)
+
+
+@click.group()
+@click.version_option(package_name="draftstore")
+def main() -> None:
+    """draftstore: versioned drafts, turns and tool-call history for AI agents."""
+
+
+# ---------------------------------------------------------------------------- db
+@main.group()
+def db() -> None:
+    """Database schema (Alembic migrations)."""
+
+
+@db.command("upgrade")
+@click.option("--revision", default="head", show_default=True)
+@_handle_errors
+def db_upgrade(revision: str) -> None:
+    """Migrate the configured database to the newest schema (idempotent)."""
+    from .db.engine import create_db_engine
+    from .db.migrate import current_revision, upgrade
+
+    url = Settings().resolved_database_url()
+    engine = create_db_engine(url)
+    try:
+        before = current_revision(engine)
+        upgrade(engine, revision)
+        after = current_revision(engine)
+    finally:
+        engine.dispose()
+    console.print(f"schema {before or 'empty'} -> {after}")
+
+
+@db.command("current")
+@_handle_errors
+def db_current() -> None:
+    """Print the schema revision of the database and the one this code needs."""
+    from .db.engine import create_db_engine
+    from .db.migrate import current_revision, head_revision
+
+    engine = create_db_engine(Settings().resolved_database_url())
+    try:
+        console.print(f"database: {current_revision(engine) or 'empty'}  code needs: {head_revision()}")
+    finally:
+        engine.dispose()
+
+
+# ---------------------------------------------------------------------- projects
+@main.command("projects")
+@_handle_errors
+def projects() -> None:
+    """List projects with their head and draft."""
+    with _open() as store:
+        table = Table("id", "name", "head", "draft")
+        for p in store.list_projects():
+            table.add_row(p.id, p.name, p.current_version_id or "-", p.active_draft_id or "-")
+        console.print(table)
+
+
+def _progress() -> Progress:
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=err_console, transient=False)
+
+
+@main.command("import")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.option("--name", help="project name (default: the directory name)")
+@_handle_errors
+def import_dir(directory: Path, name: str | None) -> None:
+    """Create a project whose version 1 is the content of DIRECTORY."""
+    paths = [p for p in sorted(directory.rglob("*")) if p.is_file() and ".git" not in p.parts]
+    files: dict[str, bytes] = {}
+    with _progress() as progress:
+        task = progress.add_task("reading files", total=len(paths))
+        for p in paths:
+            files[p.relative_to(directory).as_posix()] = p.read_bytes()
+            progress.advance(task)
+    with _open() as store:
+        with console.status(f"storing {len(files)} files"):
+            project = store.create_project(name or directory.resolve().name, files=files)
+    console.print(f"project {project.id} version {project.current_version_id} ({len(files)} files)")
+
+
+@main.command("export")
+@click.argument("project_id")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--version", "version_id", help="a version id (default: the draft, else head)")
+@_handle_errors
+def export_dir(project_id: str, directory: Path, version_id: str | None) -> None:
+    """Write a project state (draft, head, or --version) into DIRECTORY."""
+    with _open() as store:
+        view = store.view_at(project_id, version_id) if version_id else store.view(project_id)
+        files = view.list_files()
+        with _progress() as progress:
+            task = progress.add_task(f"exporting {view.kind}", total=len(files))
+            for path in files:
+                target = directory / path
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(view.read_file(path))
+                progress.advance(task)
+        (directory / ".draftstore-state.json").write_text(
+            json.dumps({"characters": view.characters, "world_settings": view.world_settings}, indent=2)
+        )
+    console.print(f"wrote {len(files)} files of {view.kind} {view.draft_id or view.version_id} to {directory}")
+
+
+@main.command("log")
+@click.argument("project_id")
+@_handle_errors
+def log_cmd(project_id: str) -> None:
+    """Versions, head moves and turns of a project."""
+    with _open() as store:
+        head = store.get_project(project_id).current_version_id
+        versions = Table("#", "version", "summary", "files", "created", title="versions")
+        for v in store.list_versions(project_id):
+            mark = "*" if v.id == head else ""
+            versions.add_row(f"{v.number}{mark}", v.id, v.summary, str(v.file_count), v.created_at.isoformat())
+        console.print(versions)
+        moves = Table("at", "reason", "from", "to", "by", title="head moves")
+        for m in store.head_moves(project_id):
+            moves.add_row(m.at.isoformat(), m.reason, m.from_version_id or "-", m.to_version_id or "-", m.actor or "-")
+        console.print(moves)
+        turns = Table("#", "turn", "status", "user message", title="turns")
+        for t in store.list_turns(project_id):
+            turns.add_row(str(t.number), t.id, t.status, t.user_message[:60])
+        console.print(turns)
+
+
+@main.command("show")
+@click.argument("turn_id")
+@_handle_errors
+def show(turn_id: str) -> None:
+    """A turn with its tool-call history."""
+    with _open() as store:
+        t = store.get_turn(turn_id)
+        console.print(f"turn {t.id} #{t.number} [bold]{t.status}[/bold]  draft {t.draft_id}")
+        console.print(f"  user: {t.user_message}")
+        if t.assistant_message:
+            console.print(f"  assistant: {t.assistant_message}")
+        for c in t.tool_calls:
+            args = c.args_preview if c.args_offloaded else json.dumps(c.args)
+            console.print(f"  {c.seq:>4} {c.tool_name} {c.status} {args[:80]}")
+
+
+@main.command("publish")
+@click.argument("project_id")
+@click.option("--summary", "-m", default="", help="what this version changes")
+@click.option("--force", is_flag=True, help="publish even if the draft's base is no longer head")
+@_handle_errors
+def publish(project_id: str, summary: str, force: bool) -> None:
+    """Publish the project's draft as a new version."""
+    with _open() as store:
+        v = store.publish(project_id, summary, force=force, actor=os.environ.get("USER"))
+    console.print(f"published version {v.number} ({v.id})")
+
+
+@main.command("rollback")
+@click.argument("project_id")
+@click.argument("version_id")
+@_handle_errors
+def rollback(project_id: str, version_id: str) -> None:
+    """Move the project's head to VERSION_ID (nothing is deleted)."""
+    with _open() as store:
+        store.rollback_to(project_id, version_id, actor=os.environ.get("USER"))
+    console.print(f"head of {project_id} is now {version_id}")
+
+
+@main.command("sweep")
+@_handle_errors
+def sweep() -> None:
+    """Recovery sweep: reap turns whose worker died, release stuck publishes."""
+    with _open() as store:
+        console.print(store.sweep())
+
+
+@main.command("demo")
+@click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="where the embedded store lives (default ./.draftstore, or DRAFTSTORE_* URLs)")
+@_handle_errors
+def demo(home: Path | None) -> None:
+    """Walk a project through the whole lifecycle and print what happened."""
+    from .demo import run_demo
+
+    settings = Settings(home=home) if home else Settings()
+    with Store.open(settings=settings) as store:
+        run_demo(store, lambda line: console.print(line, soft_wrap=True, highlight=False))
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
