@@ -1,0 +1,354 @@
+"""Blob store backend: any S3-compatible object store, via boto3.
+
+URL form::
+
+    s3://bucket[/prefix]?endpoint_url=http://127.0.0.1:8333&region=us-east-1[&create=1][&workers=16]
+
+Credentials come from boto3's default chain (``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles, ...); they never
+appear in the URL. Works with AWS S3, SeaweedFS, MinIO and R2.
+
+Error mapping at this boundary (botocore never leaks out):
+
+- a missing object is ``None`` from ``_get_raw`` (``blob.not_found`` from ``get``);
+- an unreachable endpoint, a timeout, missing or rejected credentials, a missing
+  bucket, throttling or a 5xx answer: ``BackendUnavailable`` [backend.unavailable],
+  chained with ``from``;
+- any other S3 or botocore error: ``BackendError`` [backend.error], chained.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any, NoReturn
+from urllib.parse import parse_qs, urlencode, urlsplit
+
+import boto3
+from botocore.config import Config
+from botocore.exceptions import (
+    BotoCoreError,
+    ClientError,
+    ConnectionError as BotoConnectionError,
+    HTTPClientError,
+    NoCredentialsError,
+    PartialCredentialsError,
+)
+
+from ..digest import Digest, digest_of
+from ..errors import BackendError, BackendUnavailable, ConfigInvalid
+from .base import BlobStoreBase, object_key
+from .cache import ObjectCache
+
+__all__ = ["S3BlobStore"]
+
+DEFAULT_WORKERS = 16
+
+# S3 error codes that mean "no such object" (GET says NoSuchKey, HEAD only has a status).
+_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
+_NO_BUCKET_CODES = {"NoSuchBucket"}
+# Rejected identity: the store is there but we cannot use it.
+_AUTH_CODES = {
+    "403",
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "InvalidToken",
+    "ExpiredToken",
+    "AuthorizationHeaderMalformed",
+}
+_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "503", "500"}
+
+_TRUE = {"1", "true", "yes", "on"}
+
+
+def _error_code(exc: ClientError) -> str:
+    err = exc.response.get("Error", {}) if isinstance(exc.response, dict) else {}
+    return str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
+
+
+class S3BlobStore(BlobStoreBase):
+    """Content-addressed objects in one S3 bucket, under an optional key prefix.
+
+    Guarantees (beyond ``BlobStore``'s): one request per ``put`` (no HEAD
+    first: an object's key is its digest, so a repeated PUT writes the same
+    bytes and is harmless); ``put_many`` uploads in parallel on a bounded
+    thread pool and returns only after every upload finished, raising the
+    first failure; the bucket is checked when the store is opened, so a
+    wrong endpoint, bad credentials or a missing bucket fail at once with
+    ``backend.unavailable`` (``create=True`` creates a missing bucket instead).
+    Thread-safe: one botocore client is shared, as botocore allows.
+    """
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        create: bool = False,
+        workers: int = DEFAULT_WORKERS,
+        cache: ObjectCache | None = None,
+        aws_access_key_id: str | None = None,
+        aws_secret_access_key: str | None = None,
+        aws_session_token: str | None = None,
+        connect_timeout_s: float = 3.0,
+        read_timeout_s: float = 30.0,
+        max_attempts: int = 3,
+        addressing_style: str | None = None,
+        check: bool = True,
+    ) -> None:
+        super().__init__(cache)
+        if not bucket:
+            raise ConfigInvalid("an S3 blob store URL needs a bucket: s3://bucket[/prefix]")
+        prefix = prefix.strip("/")
+        if any(seg in ("", ".", "..") for seg in prefix.split("/")) and prefix:
+            raise ConfigInvalid(f"bad S3 key prefix {prefix!r}", prefix=prefix)
+        self.bucket = bucket
+        self.prefix = f"{prefix}/" if prefix else ""
+        self.endpoint_url = endpoint_url
+        self.region = region
+        self.workers = max(1, int(workers))
+        query: dict[str, str] = {}
+        if endpoint_url:
+            query["endpoint_url"] = endpoint_url
+        if region:
+            query["region"] = region
+        self.url = f"s3://{bucket}/{prefix}" if prefix else f"s3://{bucket}"
+        if query:
+            self.url += "?" + urlencode(query)
+
+        config = Config(
+            # Small objects dominate (tree nodes, file blobs): fail fast on a dead
+            # endpoint, retry transient errors a few times with jittered backoff,
+            # and keep one pooled connection per upload worker so put_many never
+            # queues for a socket.
+            connect_timeout=connect_timeout_s,
+            read_timeout=read_timeout_s,
+            retries={"max_attempts": max_attempts, "mode": "standard"},
+            max_pool_connections=self.workers + 4,
+            tcp_keepalive=True,
+            # A custom endpoint (SeaweedFS, MinIO, a loopback address) rarely has
+            # per-bucket DNS names; path-style addressing works everywhere there.
+            s3={"addressing_style": addressing_style or ("path" if endpoint_url else "auto")},
+        )
+        # A private Session: boto3's default session is not safe to share across threads.
+        session = boto3.session.Session(
+            aws_access_key_id=aws_access_key_id,
+            aws_secret_access_key=aws_secret_access_key,
+            aws_session_token=aws_session_token,
+            region_name=region,
+        )
+        try:
+            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
+        except (BotoCoreError, ValueError) as exc:
+            raise ConfigInvalid(f"cannot configure S3 client for {self.url}: {exc}", url=self.url) from exc
+        self._pool: ThreadPoolExecutor | None = None
+        self._pool_lock = threading.Lock()
+        if check:
+            self._check_bucket(create)
+
+    # -- construction --------------------------------------------------------------
+    @classmethod
+    def from_url(cls, url: str, cache: ObjectCache | None = None, **kwargs: Any) -> "S3BlobStore":
+        """Open ``s3://bucket[/prefix]?endpoint_url=..&region=..&create=1&workers=N``.
+
+        Raises ``config.invalid`` on a malformed URL and ``backend.unavailable``
+        if the bucket cannot be reached.
+        """
+        parts = urlsplit(url)
+        if parts.scheme != "s3":
+            raise ConfigInvalid(f"not an s3:// URL: {url!r}", url=url)
+        if parts.username or parts.password:
+            raise ConfigInvalid("credentials do not belong in the blob URL; use the AWS_* environment variables")
+        query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
+        known = {"endpoint_url", "region", "create", "workers", "addressing_style"}
+        unknown = set(query) - known
+        if unknown:
+            raise ConfigInvalid(f"unknown S3 URL parameter(s): {', '.join(sorted(unknown))}", url=url)
+        try:
+            workers = int(query.get("workers", DEFAULT_WORKERS))
+        except ValueError as exc:
+            raise ConfigInvalid("workers must be an integer", url=url) from exc
+        return cls(
+            parts.netloc,
+            parts.path,
+            endpoint_url=query.get("endpoint_url") or None,
+            region=query.get("region") or None,
+            create=query.get("create", "").lower() in _TRUE,
+            workers=workers,
+            addressing_style=query.get("addressing_style") or None,
+            cache=cache,
+            **kwargs,
+        )
+
+    def _check_bucket(self, create: bool) -> None:
+        try:
+            self._client.head_bucket(Bucket=self.bucket)
+            return
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code not in _NOT_FOUND_CODES and code not in _NO_BUCKET_CODES:
+                self._raise("open bucket", exc)
+            if not create:
+                raise BackendUnavailable(
+                    f"S3 bucket {self.bucket!r} does not exist at {self.endpoint_url or 'AWS'} "
+                    "(create it, or add create=1 to the blob URL)",
+                    bucket=self.bucket,
+                ) from exc
+        except (BotoCoreError, ValueError) as exc:
+            self._raise("open bucket", exc)
+        try:
+            kwargs: dict[str, Any] = {"Bucket": self.bucket}
+            # us-east-1 is the one region that refuses an explicit location constraint.
+            if self.region and self.region != "us-east-1":
+                kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
+            self._client.create_bucket(**kwargs)
+        except ClientError as exc:
+            # Someone else created it between our HEAD and CREATE: that is what we wanted.
+            if _error_code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                self._raise("create bucket", exc)
+        except (BotoCoreError, ValueError) as exc:
+            self._raise("create bucket", exc)
+
+    # -- error mapping ---------------------------------------------------------------
+    def _raise(self, op: str, exc: Exception, key: str | None = None) -> NoReturn:
+        """Map a botocore error to the draftstore family, chained with ``from``."""
+        where = f"s3://{self.bucket}" + (f"/{key}" if key else "")
+        details: dict[str, Any] = {"bucket": self.bucket, "operation": op}
+        if isinstance(exc, ClientError):
+            code = _error_code(exc)
+            details["s3_code"] = code
+            if code in _NO_BUCKET_CODES:
+                raise BackendUnavailable(f"S3 bucket {self.bucket!r} does not exist ({op})", **details) from exc
+            if code in _AUTH_CODES:
+                raise BackendUnavailable(
+                    f"S3 rejected the credentials for bucket {self.bucket!r} ({op}: {code})", **details
+                ) from exc
+            if code == "InvalidBucketName":
+                raise ConfigInvalid(f"invalid S3 bucket name {self.bucket!r}", **details) from exc
+            if code in _TRANSIENT_CODES or code.startswith("5"):
+                raise BackendUnavailable(f"S3 unavailable during {op} on {where}: {code}", **details) from exc
+            raise BackendError(f"S3 error during {op} on {where}: {code}", **details) from exc
+        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
+            raise BackendUnavailable(
+                f"no usable S3 credentials for bucket {self.bucket!r} (set AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY or an AWS profile)",
+                **details,
+            ) from exc
+        if isinstance(exc, (BotoConnectionError, HTTPClientError)):
+            raise BackendUnavailable(
+                f"S3 endpoint {self.endpoint_url or 'AWS'} unreachable during {op}: {exc}", **details
+            ) from exc
+        raise BackendError(f"S3 client error during {op} on {where}: {exc}", **details) from exc
+
+    # -- raw hooks -------------------------------------------------------------------
+    def _key(self, key: str) -> str:
+        return self.prefix + key
+
+    def _put_raw(self, key: str, data: bytes) -> None:
+        try:
+            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
+        except (ClientError, BotoCoreError) as exc:
+            self._raise("put", exc, key)
+
+    def _get_raw(self, key: str) -> bytes | None:
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
+            return resp["Body"].read()
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return None
+            self._raise("get", exc, key)
+        except BotoCoreError as exc:
+            self._raise("get", exc, key)
+
+    def _has_raw(self, key: str) -> bool:
+        try:
+            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
+            return True
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return False
+            self._raise("head", exc, key)
+        except BotoCoreError as exc:
+            self._raise("head", exc, key)
+
+    def _delete_raw(self, key: str) -> None:
+        # S3 DELETE of an absent key succeeds: "absent is not an error" for free.
+        try:
+            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return
+            self._raise("delete", exc, key)
+        except BotoCoreError as exc:
+            self._raise("delete", exc, key)
+
+    def _iter_raw(self, prefix: str) -> Iterator[str]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        cut = len(self.prefix)
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for obj in page.get("Contents", ()):
+                    yield obj["Key"][cut:]
+        except (ClientError, BotoCoreError) as exc:
+            self._raise("list", exc, prefix)
+
+    # -- parallel upload ---------------------------------------------------------------
+    def _executor(self) -> ThreadPoolExecutor:
+        # Created on first use and kept: sealing a tree calls put_many often,
+        # and a fresh pool per call would pay thread start-up every time.
+        with self._pool_lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(max_workers=self.workers, thread_name_prefix="draftstore-s3")
+            return self._pool
+
+    def put_many(self, blobs: Iterable[bytes]) -> list[Digest]:
+        """Store several objects in parallel; idempotent; digests in input order.
+
+        Duplicates and cached objects are uploaded once or not at all. Returns
+        after every upload has finished; if any failed, raises the first
+        failure (``backend.*``) — the others may or may not be stored, which
+        is harmless for content-addressed objects.
+        """
+        items = [bytes(b) for b in blobs]
+        digests = [digest_of(b) for b in items]
+        todo: dict[Digest, bytes] = {}
+        for d, b in zip(digests, items):
+            if d not in self.cache and d not in todo:
+                todo[d] = b
+        if len(todo) <= 1:
+            for d, b in todo.items():
+                self._put_raw(object_key(d), b)
+                self.cache.add(d, b)
+            return digests
+        futures: list[tuple[Digest, bytes, Future[None]]] = [
+            (d, b, self._executor().submit(self._put_raw, object_key(d), b)) for d, b in todo.items()
+        ]
+        first_error: BaseException | None = None
+        for d, b, fut in futures:
+            exc = fut.exception()  # waits; every upload settles before we return
+            if exc is None:
+                self.cache.add(d, b)
+            elif first_error is None:
+                first_error = exc
+        if first_error is not None:
+            raise first_error
+        return digests
+
+    def close(self) -> None:
+        """Stop the upload pool and close the HTTP connections. Idempotent."""
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+        try:
+            self._client.close()
+        except Exception:  # closing is best effort; nothing to recover
+            pass
+
+    def __repr__(self) -> str:
+        return f"S3BlobStore({self.url!r})"

@@ -1,0 +1,278 @@
+"""Coordinator backend: Redis, via redis-py (production, many replicas).
+
+URL form: ``redis://[:password@]host:port/db?prefix=name[&max_events=N]``
+(``rediss://`` for TLS, ``unix:///path/redis.sock?db=0`` for a socket).
+Every key lives under ``<prefix>:`` (default ``draftstore``), so several
+deployments or test sessions can share one server and none ever needs
+FLUSHALL.
+
+Key layout (``p`` = prefix)::
+
+    p:lock:<name>     string  owner token, PX = lock ttl      (SET NX PX)
+    p:events:<stream> stream  entries with ids "<n>-0", n = 1, 2, 3, ...
+    p:beat:<key>      string  "1", PX = heartbeat ttl
+
+Redis connection errors and timeouts become ``BackendUnavailable``
+[backend.unavailable]; any other Redis error becomes ``BackendError``
+[backend.error]; both chained with ``from``.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ParamSpec, TypeVar
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
+from .base import Event
+
+__all__ = ["RedisCoordinator", "RedisLock"]
+
+DEFAULT_PREFIX = "draftstore"
+DEFAULT_MAX_EVENTS = 10_000
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+# Delete the lock only if it still holds our token: a holder whose ttl ran out
+# must not free a lock that someone else has taken since.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
+
+# Next id = last id + 1, taken from the stream itself, and XADD in the same
+# script so concurrent appenders get unique, gap-free ids. The stream's last
+# entry survives MAXLEN trimming (max_events >= 1), so numbering never restarts
+# while the stream exists; trim() deletes it, and numbering starts again at 1,
+# as in the in-process coordinator.
+_APPEND = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+local n = 1
+if #last > 0 then
+  n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+end
+redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], n .. '-0', 't', ARGV[2], 'd', ARGV[3])
+return n
+"""
+
+
+def _mapped(op: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """Map redis-py errors raised by the wrapped method to the draftstore family."""
+
+    def wrap(fn: Callable[P, R]) -> Callable[P, R]:
+        @functools.wraps(fn)
+        def inner(*args: P.args, **kwargs: P.kwargs) -> R:
+            try:
+                return fn(*args, **kwargs)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # AuthenticationError is a ConnectionError in redis-py: a refused
+                # password is "cannot use the coordinator" as well.
+                url = getattr(args[0], "url", "redis") if args else "redis"
+                raise BackendUnavailable(f"Redis coordinator {url} unavailable during {op}: {exc}", operation=op) from exc
+            except RedisError as exc:
+                raise BackendError(f"Redis error during {op}: {exc}", operation=op) from exc
+
+        return inner
+
+    return wrap
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(round(seconds * 1000)))
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+@dataclass
+class RedisLock:
+    """A held lock; ``token`` proves ownership."""
+
+    name: str
+    token: str
+    coord: "RedisCoordinator"
+
+    def release(self) -> bool:
+        """Release if still ours; False if it had expired (and maybe been taken)."""
+        return self.coord._release(self.name, self.token)
+
+
+class RedisCoordinator:
+    """Locks, bounded event buffers and heartbeats in Redis.
+
+    Guarantees: a lock is held by at most one owner at a time and frees itself
+    after its ttl; only the token that took it can release it. Event ids are
+    1, 2, 3, ... per stream, assigned atomically (no duplicates or gaps under
+    concurrent appenders, across processes); the newest ``max_events`` are
+    kept. A heartbeat is alive until its ttl passes. Thread-safe (redis-py
+    pools connections).
+    """
+
+    def __init__(
+        self,
+        client: "redis.Redis[Any]",
+        prefix: str = DEFAULT_PREFIX,
+        max_events: int = DEFAULT_MAX_EVENTS,
+        url: str = "redis://",
+    ) -> None:
+        if not prefix:
+            raise ConfigInvalid("the Redis coordinator prefix must not be empty")
+        if max_events < 1:
+            raise ConfigInvalid("max_events must be at least 1", max_events=max_events)
+        self._r = client
+        self.prefix = prefix
+        self.max_events = int(max_events)
+        self.url = url
+        self._release_script = client.register_script(_RELEASE)
+        self._append_script = client.register_script(_APPEND)
+
+    @classmethod
+    def from_url(cls, url: str, **kwargs: Any) -> "RedisCoordinator":
+        """Open ``redis://host:port/db?prefix=name&max_events=N``.
+
+        Connects lazily: an unreachable server surfaces as ``backend.unavailable``
+        on the first operation (or call ``ping()`` to check at once).
+        """
+        parts = urlsplit(url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        prefix = query.pop("prefix", None) or DEFAULT_PREFIX
+        try:
+            max_events = int(query.pop("max_events", DEFAULT_MAX_EVENTS))
+        except ValueError as exc:
+            raise ConfigInvalid("max_events must be an integer", url=url) from exc
+        redis_url = urlunsplit(parts._replace(query=urlencode(query)))
+        options: dict[str, Any] = {
+            # Coordination is on the hot path of every turn: give up quickly on a
+            # dead server rather than stall a request for the OS default (minutes).
+            "socket_connect_timeout": 3.0,
+            "socket_timeout": 5.0,
+            "socket_keepalive": True,
+            "health_check_interval": 30,
+            "decode_responses": True,
+        }
+        options.update(kwargs)
+        try:
+            client = redis.Redis.from_url(redis_url, **options)
+        except ValueError as exc:
+            raise ConfigInvalid(f"bad Redis URL: {exc}", url=_redact(url)) from exc
+        public = _redact(urlunsplit(parts._replace(query=urlencode({"prefix": prefix}))))
+        return cls(client, prefix=prefix, max_events=max_events, url=public)
+
+    # -- keys --------------------------------------------------------------------
+    def _key(self, kind: str, name: str) -> str:
+        return f"{self.prefix}:{kind}:{name}"
+
+    @_mapped("ping")
+    def ping(self) -> None:
+        """Raise ``backend.unavailable`` unless the server answers."""
+        self._r.ping()
+
+    # -- locks ---------------------------------------------------------------------
+    @_mapped("lock acquire")
+    def acquire(self, name: str, ttl_s: float = 30.0, timeout_s: float = 10.0) -> RedisLock:
+        """Take lock ``name`` for ``ttl_s``, waiting up to ``timeout_s``.
+
+        Raises ``lock.timeout`` if it stays held by someone else. ``timeout_s=0``
+        tries once.
+        """
+        key = self._key("lock", name)
+        token = secrets.token_hex(16)
+        ttl_ms = _ms(ttl_s)
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        backoff = 0.002
+        while True:
+            if self._r.set(key, token, nx=True, px=ttl_ms):
+                return RedisLock(name, token, self)
+            now = time.monotonic()
+            if now >= deadline:
+                raise LockTimeout(f"lock {name!r} not acquired within {timeout_s}s", lock=name)
+            # Poll with capped exponential backoff, but never sleep past the
+            # holder's expiry or our own deadline. (Pub/sub wake-ups would save a
+            # few ms on release; polling keeps no extra connection per waiter.)
+            pttl = self._r.pttl(key)
+            wait = min(backoff, deadline - now)
+            if pttl is not None and pttl > 0:
+                wait = min(wait, pttl / 1000)
+            time.sleep(max(wait, 0.001))
+            backoff = min(backoff * 2, 0.05)
+
+    @_mapped("lock release")
+    def _release(self, name: str, token: str) -> bool:
+        return bool(self._release_script(keys=[self._key("lock", name)], args=[token]))
+
+    # -- event buffers ---------------------------------------------------------------
+    @_mapped("event append")
+    def append(self, stream: str, type: str, data: dict[str, Any] | None = None) -> int:
+        """Append an event; returns its id (1, 2, 3, ... per stream). Atomic."""
+        payload = json.dumps(data or {}, separators=(",", ":"), ensure_ascii=False)
+        return int(
+            self._append_script(keys=[self._key("events", stream)], args=[self.max_events, type, payload])
+        )
+
+    @_mapped("event read")
+    def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
+        """Buffered events with id > ``after``, oldest first, at most ``limit``."""
+        if limit <= 0:
+            return []
+        start = f"{max(0, int(after)) + 1}-0"
+        entries = self._r.xrange(self._key("events", stream), min=start, max="+", count=limit)
+        events = []
+        for entry_id, fields in entries:
+            n = int(_text(entry_id).split("-", 1)[0])
+            f = {_text(k): _text(v) for k, v in fields.items()}
+            events.append(Event(n, f.get("t", ""), json.loads(f.get("d", "{}"))))
+        return events
+
+    @_mapped("event trim")
+    def trim(self, stream: str) -> None:
+        """Drop a stream's buffer (its ids start again at 1)."""
+        self._r.delete(self._key("events", stream))
+
+    # -- heartbeats ---------------------------------------------------------------------
+    @_mapped("heartbeat")
+    def beat(self, key: str, ttl_s: float) -> None:
+        self._r.set(self._key("beat", key), "1", px=_ms(ttl_s))
+
+    @_mapped("heartbeat check")
+    def alive(self, key: str) -> bool:
+        return bool(self._r.exists(self._key("beat", key)))
+
+    @_mapped("heartbeat forget")
+    def forget(self, key: str) -> None:
+        self._r.delete(self._key("beat", key))
+
+    def close(self) -> None:
+        """Close pooled connections. Idempotent."""
+        try:
+            self._r.close()
+        except RedisError:  # closing a dead connection has nothing to report
+            pass
+
+    def __repr__(self) -> str:
+        return f"RedisCoordinator({self.url!r})"
+
+
+def _redact(url: str) -> str:
+    """The URL without its password, for messages and ``.url``."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit(parts._replace(netloc=user + host))

@@ -1,0 +1,276 @@
+"""The real services the tests run against: PostgreSQL, Redis and SeaweedFS (S3).
+
+No mocks: each helper talks to a real server. Where a server comes from:
+
+- PostgreSQL: ``DRAFTSTORE_TEST_PG_URL`` (an admin URL that may CREATE
+  DATABASE; default ``postgresql://postgres@127.0.0.1:5432/postgres``). Each
+  test session gets a fresh ``draftstore_test_<random>`` database, dropped at
+  the end.
+- Redis: ``DRAFTSTORE_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).
+  Each session gets a random key prefix; its keys are deleted at the end
+  (never FLUSHALL).
+- S3: ``DRAFTSTORE_TEST_S3_ENDPOINT`` plus the ``AWS_ACCESS_KEY_ID`` /
+  ``AWS_SECRET_ACCESS_KEY`` environment (what ``.ci/run`` sets); otherwise a
+  private SeaweedFS is started with ``infra/seaweedfs.py`` in a temp dir and
+  stopped at session end. Each session gets a fresh bucket.
+
+A service that cannot be reached skips the tests that need it — unless
+``DRAFTSTORE_REQUIRE_REAL=1`` (set by ``.ci/run``), where it is a hard failure.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import secrets
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import parse_qsl, quote, urlencode, urlsplit, urlunsplit
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+ENV_PG = "DRAFTSTORE_TEST_PG_URL"
+ENV_REDIS = "DRAFTSTORE_TEST_REDIS_URL"
+ENV_S3 = "DRAFTSTORE_TEST_S3_ENDPOINT"
+ENV_REQUIRE = "DRAFTSTORE_REQUIRE_REAL"
+
+DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+S3_REGION = "us-east-1"
+
+
+def require_real() -> bool:
+    """True when a missing real service must fail the run instead of skipping."""
+    return os.environ.get(ENV_REQUIRE, "").strip().lower() in {"1", "true", "yes"}
+
+
+def unavailable(what: str, why: object) -> NoReturn:
+    """Skip (developer machine) or fail (CI) because a real service is missing."""
+    msg = f"real {what} unavailable: {why}"
+    if require_real():
+        pytest.fail(f"{msg} ({ENV_REQUIRE}=1 forbids skipping)", pytrace=False)
+    pytest.skip(msg)
+
+
+def token(n: int = 6) -> str:
+    return secrets.token_hex(n)
+
+
+# -- PostgreSQL ------------------------------------------------------------------------
+def _libpq_url(url: str) -> str:
+    """``postgresql+psycopg://`` (SQLAlchemy form) -> ``postgresql://`` (libpq form)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme="postgresql"))
+
+
+def _with_database(url: str, db: str, scheme: str) -> str:
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(scheme=scheme, path="/" + db))
+
+
+@dataclass
+class PostgresDatabase:
+    """A database created for this session; ``url`` is in SQLAlchemy form."""
+
+    admin_url: str
+    name: str
+
+    @property
+    def url(self) -> str:
+        return _with_database(self.admin_url, self.name, "postgresql+psycopg")
+
+    @property
+    def libpq_url(self) -> str:
+        return _with_database(self.admin_url, self.name, "postgresql")
+
+    @classmethod
+    def create(cls) -> "PostgresDatabase":
+        import psycopg
+
+        admin = _libpq_url(os.environ.get(ENV_PG) or DEFAULT_PG_ADMIN_URL)
+        name = f"draftstore_test_{token()}"
+        try:
+            with psycopg.connect(admin, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        except psycopg.Error as exc:
+            unavailable(f"PostgreSQL ({_redact(admin)})", exc)
+        return cls(admin, name)
+
+    def drop(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=5) as conn:
+            # FORCE (PostgreSQL 13+): a leaked pooled connection must not keep it alive.
+            conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+# -- Redis -------------------------------------------------------------------------------
+@dataclass
+class RedisServer:
+    """A Redis server plus this session's key prefix."""
+
+    base_url: str
+    prefix: str
+
+    @classmethod
+    def connect(cls) -> "RedisServer":
+        import redis
+
+        base = os.environ.get(ENV_REDIS) or DEFAULT_REDIS_URL
+        try:
+            client = redis.Redis.from_url(base, socket_connect_timeout=3, socket_timeout=5)
+            client.ping()
+            client.close()
+        except redis.RedisError as exc:
+            unavailable(f"Redis ({_redact(base)})", exc)
+        return cls(base, f"dstest-{token()}")
+
+    def url(self, sub: str | None = None) -> str:
+        """Coordinator URL whose keys live under this session's prefix (+ ``sub``)."""
+        prefix = self.prefix if sub is None else f"{self.prefix}-{sub}"
+        parts = urlsplit(self.base_url)
+        query = dict(parse_qsl(parts.query, keep_blank_values=True))
+        query["prefix"] = prefix
+        return urlunsplit(parts._replace(query=urlencode(query)))
+
+    def cleanup(self) -> None:
+        """Delete every key this session created (and nothing else)."""
+        import redis
+
+        client = redis.Redis.from_url(self.base_url, socket_connect_timeout=3, socket_timeout=5)
+        try:
+            batch = []
+            for key in client.scan_iter(match=f"{self.prefix}*", count=1000):
+                batch.append(key)
+                if len(batch) >= 500:
+                    client.delete(*batch)
+                    batch.clear()
+            if batch:
+                client.delete(*batch)
+        finally:
+            client.close()
+
+
+# -- S3 (SeaweedFS) ------------------------------------------------------------------------
+def load_seaweedfs_module() -> Any:
+    """``infra/seaweedfs.py`` as a module (infra/ is scripts, not a package)."""
+    name = "draftstore_infra_seaweedfs"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, REPO / "infra" / "seaweedfs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@dataclass
+class S3Service:
+    """An S3 endpoint with working credentials and this session's bucket."""
+
+    endpoint_url: str
+    access_key: str
+    secret_key: str
+    bucket: str
+    started: Any = None  # the SeaweedFS we started, if any
+    tmpdir: Any = None
+    _saved_env: dict[str, str | None] = field(default_factory=dict)
+
+    @classmethod
+    def start_or_connect(cls) -> "S3Service":
+        endpoint = os.environ.get(ENV_S3)
+        started = tmpdir = None
+        saved: dict[str, str | None] = {}
+        if endpoint:
+            access = os.environ.get("AWS_ACCESS_KEY_ID", "")
+            secret = os.environ.get("AWS_SECRET_ACCESS_KEY", "")
+            if not access or not secret:
+                unavailable("S3", f"{ENV_S3} is set but AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY are not")
+        else:
+            seaweedfs = load_seaweedfs_module()
+            tmpdir = tempfile.TemporaryDirectory(prefix="draftstore-seaweedfs-")
+            try:
+                started = seaweedfs.SeaweedFS(tmpdir.name).start()
+            except seaweedfs.SeaweedFSError as exc:
+                tmpdir.cleanup()
+                unavailable("S3 (SeaweedFS)", exc)
+            endpoint, access, secret = started.endpoint_url, started.access_key, started.secret_key
+            # The code under test reads credentials from boto3's default chain,
+            # exactly as in production: publish ours there for this session.
+            for key, value in started.env().items():
+                if key.startswith("AWS_"):
+                    saved[key] = os.environ.get(key)
+                    os.environ[key] = value
+        svc = cls(endpoint, access, secret, f"dstest-{token()}", started, tmpdir, saved)
+        try:
+            svc.open_store(create=True).close()
+        except BaseException:
+            svc.stop()
+            raise
+        return svc
+
+    def url(self, prefix: str = "", *, bucket: str | None = None, create: bool = False) -> str:
+        path = f"/{prefix.strip('/')}" if prefix else ""
+        query = {"endpoint_url": self.endpoint_url, "region": S3_REGION}
+        if create:
+            query["create"] = "1"
+        return f"s3://{bucket or self.bucket}{path}?{urlencode(query)}"
+
+    def open_store(self, prefix: str = "", *, create: bool = False, **kwargs: Any) -> Any:
+        from draftstore.blobs.s3 import S3BlobStore
+        from draftstore.errors import BackendError
+
+        try:
+            return S3BlobStore.from_url(self.url(prefix, create=create), **kwargs)
+        except BackendError as exc:
+            unavailable(f"S3 ({self.endpoint_url})", exc)
+
+    def client(self) -> Any:
+        import boto3
+        from botocore.config import Config
+
+        return boto3.session.Session(
+            aws_access_key_id=self.access_key, aws_secret_access_key=self.secret_key, region_name=S3_REGION
+        ).client("s3", endpoint_url=self.endpoint_url, config=Config(s3={"addressing_style": "path"}))
+
+    def purge_bucket(self) -> None:
+        """Empty and delete this session's bucket (best effort: a shared endpoint stays tidy)."""
+        client = self.client()
+        try:
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket):
+                keys = [{"Key": o["Key"]} for o in page.get("Contents", ())]
+                if keys:
+                    client.delete_objects(Bucket=self.bucket, Delete={"Objects": keys, "Quiet": True})
+            client.delete_bucket(Bucket=self.bucket)
+        finally:
+            client.close()
+
+    def stop(self) -> None:
+        if self.started is None:
+            try:
+                self.purge_bucket()
+            except Exception:  # cleanup must not mask the test results
+                pass
+        else:
+            self.started.stop()
+        if self.tmpdir is not None:
+            self.tmpdir.cleanup()
+        for key, value in self._saved_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = f"{quote(parts.username or '')}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
+    return urlunsplit(parts._replace(netloc=netloc))

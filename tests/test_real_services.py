@@ -1,0 +1,54 @@
+"""The test stack itself: each flavour gives working, isolated store URLs."""
+
+from __future__ import annotations
+
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+
+from draftstore.blobs import open_blob_store
+from draftstore.coord import open_coordinator
+
+
+def test_the_stack_names_three_stores_that_open(stack: dict[str, str]) -> None:
+    assert set(stack) == {"database_url", "blob_url", "coord_url"}
+    blobs = open_blob_store(stack["blob_url"])
+    coord = open_coordinator(stack["coord_url"])
+    try:
+        digest = blobs.put(b"stack check")
+        assert blobs.get(digest) == b"stack check"
+        assert coord.append("turn:stack", "ok") == 1
+    finally:
+        blobs.close()
+        coord.close()
+
+
+def test_each_test_gets_a_fresh_blob_and_coordinator_namespace(stack: dict[str, str]) -> None:
+    # Same writes as the previous test: they would collide if state leaked.
+    blobs = open_blob_store(stack["blob_url"])
+    coord = open_coordinator(stack["coord_url"])
+    try:
+        assert list(blobs.iter_digests()) == []
+        assert coord.read("turn:stack") == []
+    finally:
+        blobs.close()
+        coord.close()
+
+
+@pytest.mark.real
+def test_the_real_database_is_a_fresh_postgresql_database(real_postgres) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+
+    assert real_postgres.url.startswith("postgresql+psycopg://")
+    assert real_postgres.name.startswith("draftstore_test_")
+    with psycopg.connect(real_postgres.libpq_url) as conn:
+        name = conn.execute("select current_database()").fetchone()[0]
+    # Only the database is ours to make; its schema comes from the Store's migrations.
+    assert name == real_postgres.name
+
+
+@pytest.mark.real
+def test_real_urls_carry_a_per_session_redis_prefix(real_redis) -> None:  # type: ignore[no-untyped-def]
+    query = parse_qs(urlsplit(real_redis.url("x")).query)
+    assert query["prefix"] == [f"{real_redis.prefix}-x"]
+    assert real_redis.prefix.startswith("dstest-")
