@@ -12,6 +12,7 @@ Tree (code in brackets)::
     │   ├── PathDenied         [path.denied]
     │   ├── PayloadTooLarge    [payload.too_large]
     │   ├── PatchInvalid       [patch.invalid]
+    │   ├── PatternInvalid     [pattern.invalid]
     │   ├── LimitExceeded      [limit.exceeded]
     │   └── ConfigInvalid      [config.invalid]
     ├── NotFound
@@ -47,6 +48,7 @@ __all__ = [
     "PathDenied",
     "PayloadTooLarge",
     "PatchInvalid",
+    "PatternInvalid",
     "LimitExceeded",
     "ConfigInvalid",
     "NotFound",
@@ -104,6 +106,10 @@ class PayloadTooLarge(InvalidInput):
 
 class PatchInvalid(InvalidInput):
     code = "patch.invalid"
+
+
+class PatternInvalid(InvalidInput):
+    code = "pattern.invalid"
 
 
 class LimitExceeded(InvalidInput):

@@ -538,6 +538,7 @@ class Store:
                         id=tid, project_id=project_id, draft_id=draft.id, number=number,
                         continues_turn_id=draft.last_turn_id, status=TurnStatus.RUNNING,
                         user_message=user_message, start_root=draft.code_manifest_key, started_at=now,
+                        start_state_digest=self._put_state(draft.characters_json, draft.world_settings_json),
                     )
                 )
                 conn.execute(
@@ -553,6 +554,11 @@ class Store:
         self._emit(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
         self._emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
         return self.get_turn(tid)
+
+    def _put_state(self, characters_json: str, world_settings_json: str) -> str:
+        """Store characters + world settings as one immutable blob (turn boundaries)."""
+        data = ('{"characters":' + characters_json + ',"world_settings":' + world_settings_json + "}").encode()
+        return self.blobs.put(data)
 
     def heartbeat(self, turn_id: str) -> None:
         """Mark a running turn's worker alive; the recovery sweep reaps turns whose beat lapsed."""
@@ -613,7 +619,9 @@ class Store:
             project_id = draft.project_id
         root = self._seal_draft(draft.id)
         with self._tx() as conn:
-            conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root))
+            d = conn.execute(sa.select(D.c.characters_json, D.c.world_settings_json).where(D.c.id == draft.id)).first()
+            state = self._put_state(d.characters_json, d.world_settings_json)
+            conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root, end_state_digest=state))
         try:
             self.coord.forget(f"turn:{turn_id}")
         except E.DraftstoreError:
@@ -1080,6 +1088,59 @@ class Store:
         with self._tx() as conn:
             self._load_project(conn, project_id)
             return self._version_view(self._load_version(conn, version_id, project_id))
+
+    def view_at_turn(self, turn_id: str, boundary: str = "end") -> View:
+        """The state at a turn's ``"start"`` or ``"end"`` (code, characters, world settings).
+
+        Raises ``turn.not_found``, and ``turn.already_running`` for the end of
+        a turn that has not ended yet.
+        """
+        if boundary not in ("start", "end"):
+            raise E.InvalidInput('boundary is "start" or "end"', boundary=boundary)
+        with self._tx() as conn:
+            t = self._load_turn(conn, turn_id)
+        root = t.start_root if boundary == "start" else t.end_root
+        state_digest = t.start_state_digest if boundary == "start" else t.end_state_digest
+        if root is None or state_digest is None:
+            raise E.TurnAlreadyRunning(f"turn {turn_id} has no recorded {boundary} yet ({t.status})",
+                                       turn_id=turn_id, status=t.status)
+        state = json.loads(self.blobs.get(Digest(state_digest)))
+        return View(trees=self.trees, project_id=t.project_id, kind=f"turn_{boundary}", root=Digest(root),
+                    overlay={}, characters=state["characters"], world_settings=state["world_settings"],
+                    draft_id=t.draft_id, limits=self.limits)
+
+    def resolve(self, ref: "View | str") -> View:
+        """A state from a reference: a ``View``; a version id; ``draft:<project_id>``
+        (the draft, else head); ``head:<project_id>``; ``turn:<turn_id>:start|end``."""
+        if isinstance(ref, View):
+            return ref
+        if not isinstance(ref, str) or not ref:
+            raise E.InvalidInput("a state reference is a View or a string", ref=str(ref)[:100])
+        kind, _, rest = ref.partition(":")
+        if kind == "draft" and rest:
+            return self.view(rest)
+        if kind == "head" and rest:
+            project = self.get_project(rest)
+            if project.current_version_id is None:
+                raise E.VersionNotFound(f"project {rest} has no version yet", project_id=rest)
+            return self.view_at(rest, project.current_version_id)
+        if kind == "turn" and rest:
+            turn_id, _, boundary = rest.partition(":")
+            return self.view_at_turn(turn_id, boundary or "end")
+        with self._tx() as conn:
+            return self._version_view(self._load_version(conn, ref))
+
+    def diff(self, a: "View | str", b: "View | str", *, text: bool = True, detect_renames: bool = True) -> Any:
+        """What changed from state ``a`` to state ``b`` (see ``resolve`` for references).
+
+        Per file: added | modified | deleted | renamed, with a unified diff for
+        text files; JSON Patch operations for characters and world settings.
+        Identical subtrees are skipped: cost grows with the change, not with
+        project size.
+        """
+        from .diff import diff_views
+
+        return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames)
 
     def _version_view(self, v: Any) -> View:
         return View(trees=self.trees, project_id=v.project_id, kind="version", root=Digest(v.code_manifest_key),

@@ -16,10 +16,11 @@ from typing import Any
 from .digest import Digest
 from .errors import PathNotFound
 from .paths import normalize_dir, normalize_path
+from .search import Searcher, SearchResult, compile_glob, glob_base
 from .settings import Limits
 from .trees import Entry, TreeReader
 
-__all__ = ["View", "FileStat", "OverlayEntry"]
+__all__ = ["View", "FileStat", "DirEntry", "PathList", "OverlayEntry"]
 
 # overlay value: (digest, size) of the new content, or None for a deletion
 OverlayEntry = tuple[Digest, int] | None
@@ -30,6 +31,20 @@ class FileStat:
     path: str
     size: int
     digest: Digest
+
+
+@dataclass(frozen=True)
+class DirEntry:
+    name: str
+    path: str
+    kind: str  # "file" or "dir"
+    size: int  # bytes for a file; files below it for a directory
+
+
+class PathList(list[str]):
+    """A sorted list of paths; ``truncated`` says the limit cut it short."""
+
+    truncated: bool = False
 
 
 class View:
@@ -114,15 +129,18 @@ class View:
         return self._file(p) is not None
 
     # -- listings ------------------------------------------------------------
-    def iter_files(self) -> Iterator[tuple[str, FileStat]]:
-        """Every file as (path, stat), sorted by path; merges tree and overlay."""
+    def iter_files(self, under: str = "") -> Iterator[tuple[str, FileStat]]:
+        """Every file (below directory ``under``) as (path, stat), sorted; merges tree and overlay."""
+        prefix = under + "/" if under else ""
+        sub = self._trees.dir_digest(self.root, under) if under else self.root
+        walk = self._trees.walk(sub, prefix) if sub is not None else iter(())
         if not self._overlay:
-            for path, e in self._trees.walk(self.root):
+            for path, e in walk:
                 yield path, FileStat(path, e.size, e.digest)
             return
-        extra = sorted((p, v) for p, v in self._overlay.items() if v is not None)
+        extra = sorted((p, v) for p, v in self._overlay.items() if v is not None and p.startswith(prefix))
         i = 0
-        for path, e in self._trees.walk(self.root):
+        for path, e in walk:
             while i < len(extra) and extra[i][0] < path:
                 p, (d, s) = extra[i]
                 yield p, FileStat(p, s, d)
@@ -169,3 +187,88 @@ class View:
         for path, _ in self._trees.walk(digest, d + "/"):
             if path not in self._overlay:
                 yield path
+
+    def list_dir(self, path: str = "") -> list[DirEntry]:
+        """Entries of directory ``path`` ('' is the root), sorted by name.
+
+        Raises ``path.not_found`` if ``path`` is not a directory.
+        """
+        d = normalize_dir(path, self._limits)
+        if d and not self.is_dir(d):
+            raise PathNotFound(f"no directory {d!r} in this {self.kind}", path=d)
+        prefix = d + "/" if d else ""
+        entries: dict[str, DirEntry] = {}
+        for name, e in self._tree_children(d).items():
+            p = prefix + name
+            if e.is_dir:
+                entries[name] = DirEntry(name, p, "dir", e.size)
+            elif p not in self._overlay:
+                entries[name] = DirEntry(name, p, "file", e.size)
+        touched_dirs: set[str] = set()
+        for p, v in self._overlay.items():
+            if not p.startswith(prefix):
+                continue
+            rest = p[len(prefix):]
+            name, sep, _ = rest.partition("/")
+            if sep:
+                touched_dirs.add(name)
+            elif v is not None:
+                entries[name] = DirEntry(name, p, "file", v[1])
+        for name in touched_dirs:  # an overlay can create a directory or empty one
+            p = prefix + name
+            if self.is_dir(p):
+                entries[name] = DirEntry(name, p, "dir", sum(1 for _ in self.iter_files(p)))
+            else:
+                entries.pop(name, None)
+        return [entries[n] for n in sorted(entries)]
+
+    def find_files(self, glob: str = "**", limit: int = 1000) -> PathList:
+        """Paths matching ``glob`` (see ``draftstore.search`` for the rules), sorted,
+        at most ``limit`` (``truncated`` set when cut). Raises ``pattern.invalid``."""
+        rx = compile_glob(glob)
+        if not isinstance(limit, int) or limit < 1:
+            from .errors import PatternInvalid
+
+            raise PatternInvalid("limit is a positive integer", limit=limit)
+        base = glob_base(glob)
+        out = PathList()
+        if base and not self.is_dir(base):
+            return out
+        for path, _ in self.iter_files(base):
+            if rx.match(path):
+                if len(out) == limit:
+                    out.truncated = True
+                    break
+                out.append(path)
+        return out
+
+    def search_code(
+        self,
+        pattern: str,
+        regex: bool = False,
+        glob: str | None = None,
+        context: int = 0,
+        max_results: int = 100,
+        ignore_case: bool = False,
+    ) -> SearchResult:
+        """Lines matching ``pattern`` (a literal, or a Python regex with ``regex=True``).
+
+        Files are searched in path order, optionally only those matching
+        ``glob``; binary files (a NUL byte in the first 8 KiB) are skipped.
+        Each match carries path, 1-based line number, the line and up to
+        ``context`` lines before and after. At most ``max_results`` matches;
+        ``truncated`` says more exist. Raises ``pattern.invalid``.
+        """
+        searcher = Searcher(pattern, regex=regex, context=context, max_results=max_results,
+                            ignore_case=ignore_case)
+        rx = compile_glob(glob) if glob else None
+        base = glob_base(glob) if glob else ""
+        get = self._trees.blobs.get
+        if base and not self.is_dir(base):
+            return SearchResult()
+        files = (
+            (path, (lambda d=st.digest: get(d)))
+            for path, st in self.iter_files(base)
+            if rx is None or rx.match(path)
+        )
+        return searcher.run(files)

@@ -135,8 +135,12 @@ class TurnRow(SQLModel, table=True):
     assistant_message: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     partial_response_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    # code tree roots at the turn's boundaries, and blob digests of the
+    # {"characters", "world_settings"} JSON at the same moments
     start_root: str | None = Field(default=None, max_length=DIGEST)
     end_root: str | None = Field(default=None, max_length=DIGEST)
+    start_state_digest: str | None = Field(default=None, max_length=DIGEST)
+    end_state_digest: str | None = Field(default=None, max_length=DIGEST)
     started_at: datetime = Field(sa_column=_ts())
     ended_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
 

@@ -2,7 +2,7 @@
 
 Revision ID: 0001
 Revises: 
-Create Date: 2026-11-29 22:09:12.536782
+Create Date: 2026-11-29 22:14:16.447238
 """
 from alembic import op
 import sqlalchemy as sa
@@ -122,6 +122,8 @@ def upgrade() -> None:
     sa.Column('partial_response_json', sa.Text(), nullable=True),
     sa.Column('start_root', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
     sa.Column('end_root', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+    sa.Column('start_state_digest', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
+    sa.Column('end_state_digest', sqlmodel.sql.sqltypes.AutoString(length=64), nullable=True),
     sa.Column('started_at', sa.DateTime(timezone=True), nullable=False),
     sa.Column('ended_at', sa.DateTime(timezone=True), nullable=True),
     sa.ForeignKeyConstraint(['draft_id'], ['project_draft.id'], ),
