@@ -266,3 +266,28 @@ def test_an_old_version_can_be_forked_into_a_new_project(store):
     edit_and_publish(store, fork.id, "fork.py", "only here\n")
     assert store.view(p.id).read_text("main.py") == "v2\n" and not store.view(p.id).exists("fork.py")
     assert [v.number for v in store.list_versions(p.id)] == [1, 2]
+
+
+def test_a_draft_based_on_an_older_head_is_a_conflict_when_head_moves_forward(store):
+    p = store.create_project("demo", files={"main.py": "v1\n"})
+    v1 = p.current_version_id
+    v2 = edit_and_publish(store, p.id, "two.py", "2\n")
+    store.rollback_to(p.id, v1)
+    t = store.start_turn(p.id, "work on v1 again")  # draft based on v1
+    store.write_file(t.id, "alt.py", "alt\n")
+    store.complete_turn(t.id, "ok")
+    store.rollback_to(p.id, v2.id)  # someone moves head forward meanwhile
+    with pytest.raises(DraftConflict):
+        store.publish(p.id)
+    assert store.get_project(p.id).current_version_id == v2.id
+    forced = store.publish(p.id, force=True)
+    assert forced.parent_version_id == v2.id
+    # a forced publish takes the draft's state as it is: two.py was never in it
+    assert store.view(p.id).list_files() == ["alt.py", "main.py"]
+
+
+def test_forking_a_missing_version_is_refused(store):
+    before = len(store.list_projects())
+    with pytest.raises(VersionNotFound):
+        store.fork_project("0" * 32, "nothing to fork")
+    assert len(store.list_projects()) == before

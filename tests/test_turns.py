@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from datetime import timedelta
 
@@ -17,7 +18,9 @@ import pytest
 import sqlalchemy as sa
 
 from draftstore import (
+    DraftBusy,
     DraftNone,
+    DraftstoreError,
     Settings,
     Store,
     ToolCallNotFound,
@@ -458,3 +461,86 @@ def test_opening_an_unmigrated_postgres_database_is_refused(real_postgres, tmp_p
     finally:
         with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- races between workers ------------------------------------------------------------------------
+def test_racing_turn_starts_let_exactly_one_turn_run(store, store_factory):
+    p = new_project(store)
+    stores = [store] + [store_factory() for _ in range(3)]
+    barrier = threading.Barrier(len(stores))
+    results: list[object] = [None] * len(stores)
+
+    def start(i: int) -> None:
+        barrier.wait()
+        try:
+            results[i] = stores[i].start_turn(p.id, f"racer {i}")
+        except DraftstoreError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=start, args=(i,)) for i in range(len(stores))]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    winners = [r for r in results if not isinstance(r, DraftstoreError)]
+    assert len(winners) == 1, results
+    assert {r.code for r in results if isinstance(r, DraftstoreError)} == {"turn.already_running"}
+    turns = store.list_turns(p.id)
+    assert [(t.id, t.status) for t in turns] == [(winners[0].id, "running")]
+    assert store.get_draft(p.id).id == winners[0].draft_id
+
+
+def test_concurrent_tool_calls_of_one_turn_get_distinct_consecutive_seqs(store):
+    p = new_project(store)
+    t = store.start_turn(p.id, "parallel tools")
+    barrier = threading.Barrier(4)
+    seqs: list[int] = []
+    errors: list[BaseException] = []
+
+    def record(w: int) -> None:
+        try:
+            barrier.wait()
+            for i in range(10):
+                call = store.tool_started(t.id, f"tool{w}", {"i": i})
+                store.tool_completed(t.id, call.seq, i)
+                seqs.append(call.seq)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=record, args=(w,)) for w in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert errors == []
+    assert sorted(seqs) == list(range(1, 41))
+    calls = store.get_turn(t.id).tool_calls
+    assert [c.seq for c in calls] == list(range(1, 41)) and all(c.status == "completed" for c in calls)
+
+
+def test_a_turn_cannot_start_while_its_draft_is_being_published(store):
+    p = new_project(store)
+    t = store.start_turn(p.id, "one")
+    store.complete_turn(t.id, "ok")
+    with store.engine.begin() as conn:
+        conn.execute(D.update().where(D.c.id == t.draft_id).values(status="publishing"))
+    with pytest.raises(DraftBusy) as exc:
+        store.continue_turn(p.id, "two")
+    assert exc.value.code == "draft.busy"
+    assert [x.id for x in store.list_turns(p.id)] == [t.id]
+
+
+# -- events ------------------------------------------------------------------------------------------
+def test_a_turns_events_can_be_replayed_in_order(store):
+    p = new_project(store)
+    t = store.start_turn(p.id, "evented")
+    call = store.tool_started(t.id, "view_file", {"path": "main.py"})
+    store.tool_completed(t.id, call.seq, "print(1)")
+    store.write_file(t.id, "a.py", "a")
+    store.complete_turn(t.id, "done")
+    events = store.events(f"turn:{t.id}")
+    types = [e.type for e in events]
+    assert types == ["turn.started", "tool.started", "tool.completed", "draft.changed", "turn.completed"]
+    ids = [e.id for e in events]
+    assert ids == sorted(ids) and len(set(ids)) == len(ids)
+    assert [e.type for e in store.events(f"turn:{t.id}", after=ids[2])] == types[3:]
