@@ -1,0 +1,73 @@
+"""Timing helpers: warm-up, then medians of many samples, ours and baseline interleaved."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+
+def timed(fn: Callable[[], object]) -> float:
+    """Wall time of one call, in seconds."""
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def median_ms(samples: list[float]) -> float:
+    return statistics.median(samples) * 1e3
+
+
+def interleave(fns: list[Callable[[], object]], n: int, warmup: int, block: int = 5,
+               prepare: list[Callable[[], object] | None] | None = None) -> list[list[float]]:
+    """Time each of ``fns`` ``n`` times after ``warmup`` untimed calls, alternating
+    in blocks of ``block`` so drift on a shared machine hits every side alike.
+    ``prepare[i]`` (untimed) runs before each call of ``fns[i]``."""
+    prepare = prepare or [None] * len(fns)
+    for fn, prep in zip(fns, prepare):
+        for _ in range(warmup):
+            if prep is not None:
+                prep()
+            fn()
+    out: list[list[float]] = [[] for _ in fns]
+    done = 0
+    while done < n:
+        k = min(block, n - done)
+        for i, (fn, prep) in enumerate(zip(fns, prepare)):
+            for _ in range(k):
+                if prep is not None:
+                    prep()
+                out[i].append(timed(fn))
+        done += k
+    return out
+
+
+@dataclass
+class Result:
+    name: str
+    goal: float
+    ours_ms: float | None = None
+    baseline_ms: float | None = None
+    skipped: str | None = None
+    ours_what: str = ""
+    baseline_what: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ratio(self) -> float | None:
+        if self.ours_ms is None or not self.baseline_ms:
+            return None
+        return self.ours_ms / self.baseline_ms
+
+    @property
+    def verdict(self) -> str:
+        if self.skipped is not None:
+            return "SKIP"
+        r = self.ratio
+        return "PASS" if r is not None and r <= self.goal else "MISS"
+
+    def line(self) -> str:
+        if self.skipped is not None:
+            return f"{self.name} skipped: {self.skipped}"
+        return f"{self.name} ratio={self.ratio:.2f} ours_ms={self.ours_ms:.3f} baseline_ms={self.baseline_ms:.3f}"
