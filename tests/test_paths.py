@@ -45,11 +45,8 @@ DENIED = {
 }
 
 
-@pytest.mark.parametrize("path", [
-    *DENIED.values(),
-    *(pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=(
-        "bug: drive prefix checked before a leading './' is dropped"))) for p in ("./C:/windows/x.py", "./c:evil")),
-], ids=[*DENIED, "dot-slash-drive", "dot-slash-drive-relative"])
+@pytest.mark.parametrize("path", [*DENIED.values(), "./C:/windows/x.py", "./c:evil"],
+                         ids=[*DENIED, "dot-slash-drive", "dot-slash-drive-relative"])
 def test_a_bad_path_is_denied(path):
     with pytest.raises(PathDenied) as exc:
         normalize_path(path)
@@ -125,13 +122,6 @@ def test_an_accepted_path_always_stays_inside_the_root(path):
     assert not p.startswith("./")
 
 
-DOT_SLASH_DRIVE_BUG = (
-    "bug: normalize_path checks the drive prefix before dropping a leading './', so './C:/x' "
-    "is accepted as 'C:/x' (a drive path on Windows) - a canonical form it would itself deny"
-)
-
-
-@pytest.mark.xfail(strict=True, raises=PathDenied, reason=DOT_SLASH_DRIVE_BUG)
 @settings(max_examples=500, deadline=None)
 @example("./A:")
 @given(PATHISH)

@@ -118,10 +118,6 @@ def test_a_file_cannot_replace_a_directory(store):
     assert snapshot(store, p.id)[1:] == before[1:]
 
 
-@pytest.mark.xfail(strict=True, raises=PathConflict, reason=(
-    "bug: Store._check_batch_shape counts deleted paths (value None) as 'written', so "
-    "{'lib/util.py': None, 'lib': b'..'} raises path.conflict before _apply's deletions-first "
-    "ordering (meant for exactly this) is reached"))
 def test_a_batch_may_replace_a_directory_by_a_file_by_deleting_its_contents(store):
     p, t = running_turn(store)
     store.apply_changes(t.id, {"lib/util.py": None, "lib": b"now a file"})
@@ -143,7 +139,7 @@ def test_a_batch_may_replace_a_directory_by_a_file_by_deleting_its_contents(stor
 def test_one_bad_path_in_a_batch_applies_nothing(store, bad):
     p, t = running_turn(store)
     before = snapshot(store, p.id)
-    batch = {"good1.py": b"1", "main.py": b"overwritten", "lib/util.py": None, **bad, "good2.py": b"2"}
+    batch = {"good1.py": b"1", "main.py": b"overwritten", "lib/util.py": b"changed", **bad, "good2.py": b"2"}
     with pytest.raises((PathDenied, PathConflict, PathNotFound)):
         store.apply_changes(t.id, batch)
     assert snapshot(store, p.id)[1:] == before[1:]

@@ -49,12 +49,13 @@ def normalize_path(path: object, limits: Limits | None = None) -> str:
             raise _deny("control character", path)
     if "\\" in path:
         raise _deny("backslash", path)
+    # drop the one optional './' first, so every later rule sees the canonical form
+    if path.startswith("./"):
+        path = path[2:]
     if path.startswith("/"):
         raise _deny("absolute", path)
     if _DRIVE.match(path):
         raise _deny("drive prefix", path)
-    if path.startswith("./"):
-        path = path[2:]
     segments = path.split("/")
     if len(segments) > lim.max_path_depth:
         raise _deny(f"deeper than {lim.max_path_depth} segments", path)

@@ -370,7 +370,9 @@ class Store:
     @staticmethod
     def _check_batch_shape(writes: Mapping[str, Any]) -> None:
         """No written path may also be a directory of another written path."""
-        for path in writes:
+        for path, value in writes.items():
+            if value is None:  # a deletion never makes a directory
+                continue
             for parent in parent_dirs(path):
                 if parent in writes and writes[parent] is not None:
                     raise E.PathConflict(f"{parent!r} cannot be a file and a directory", path=parent)
