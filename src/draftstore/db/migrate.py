@@ -6,6 +6,7 @@ an installed draftstore can migrate its own database without a checkout.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 from alembic import command
@@ -30,14 +31,21 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Migrate the database behind ``engine`` to ``revision``; idempotent."""
+    """Migrate the database behind ``engine`` to ``revision``; idempotent.
+
+    A database already at head costs one query: nothing else is loaded.
+    """
+    if revision == "head" and current_revision(engine) == head_revision():
+        return
     cfg = alembic_config()
     with engine.begin() as conn:
         cfg.attributes["connection"] = conn
         command.upgrade(cfg, revision)
 
 
+@lru_cache(maxsize=1)
 def head_revision() -> str | None:
+    """The newest migration this code ships (read once per process)."""
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
