@@ -144,6 +144,7 @@ def build_project(store: Store, name: str, files: dict[str, bytes], putter: Any 
         progress(f"  {name}: blobs uploaded in {time.perf_counter() - t0:.1f}s; sealing the tree")
     with _Ticker(name, store, len(files)):
         project = store.create_project(name, files=files)
+    os.sync()  # let the services' write-back happen now, not during a measurement
     progress(f"built {name} in {time.perf_counter() - t0:.1f}s")
     return project.id
 

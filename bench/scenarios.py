@@ -67,7 +67,7 @@ class Sizes:
     search_iters: int
 
 
-QUICK = Sizes(big=10_000, iters=60, publish_iters=8, calls=300, window=20, turns=2, search_iters=5)
+QUICK = Sizes(big=10_000, iters=60, publish_iters=12, calls=300, window=20, turns=2, search_iters=5)
 FULL = Sizes(big=100_000, iters=200, publish_iters=20, calls=1_000, window=40, turns=3, search_iters=10)
 
 
@@ -138,6 +138,7 @@ class Context:
         if key not in self.dirs:
             t0 = time.perf_counter()
             self.dirs[key] = materialise(self.project(n_files).files, self.env.scratch_dir(key))
+            os.sync()  # flush now, so write-back does not land in a later measurement
             progress(f"materialised {n_files:,} files for {key} in {time.perf_counter() - t0:.1f}s")
         return self.dirs[key]
 
@@ -237,19 +238,37 @@ def writes(ctx: Context, wanted: set[str]) -> list[Result]:
 
 
 # -- 3: publish -----------------------------------------------------------------------
-def _publish_samples(ctx: Context, n_files: int, iters: int) -> list[float]:
+class _Publisher:
     """Per iteration: start_turn + one write (untimed), then complete_turn + publish (timed)."""
-    store, project = ctx.store, ctx.warm_pool(n_files)
-    _flush_draft(store, project.id)
-    samples: list[float] = []
-    for i in range(iters + 2):  # two warm-ups
+
+    def __init__(self, ctx: Context, n_files: int) -> None:
+        self.ctx, self.n_files = ctx, n_files
+        self.store, self.project = ctx.store, ctx.warm_pool(n_files)
+        _flush_draft(self.store, self.project.id)
+        self._i = 0
+
+    def once(self) -> float:
+        store, project = self.store, self.project
         turn = store.start_turn(project.id, "bench publish").id
-        store.write_file(turn, project.write_pool[i % len(project.write_pool)], random_source(KIB))
+        store.write_file(turn, project.write_pool[self._i % len(project.write_pool)], random_source(KIB))
+        self._i += 1
         t = timed(lambda: (store.complete_turn(turn, "done"), store.publish(project.id, "bench")))
-        if i >= 2:
-            samples.append(t)
-    ctx.publish_samples.setdefault(n_files, []).extend(samples)
-    return samples
+        return t
+
+
+def _publish_samples(ctx: Context, sides: list[int], iters: int) -> list[list[float]]:
+    """Publish timings for each project size in ``sides``, alternating iteration by iteration."""
+    pubs = [_Publisher(ctx, n) for n in sides]
+    for p in pubs:  # two warm-ups each
+        p.once()
+        p.once()
+    out: list[list[float]] = [[] for _ in sides]
+    for _ in range(iters):
+        for k, p in enumerate(pubs):
+            out[k].append(p.once())
+    for n, samples in zip(sides, out):
+        ctx.publish_samples.setdefault(n, []).extend(samples)
+    return out
 
 
 class _Git:
@@ -286,28 +305,24 @@ def publishing(ctx: Context, wanted: set[str]) -> list[Result]:
     out: list[Result] = []
     s, n = ctx.sizes, ctx.n(ctx.sizes.publish_iters)
     if "publish_scale" in wanted:
-        big: list[float] = []
-        small: list[float] = []
-        for _ in range(2):  # alternate halves, so drift hits both sides
-            big += _publish_samples(ctx, s.big, (n + 1) // 2)
-            small += _publish_samples(ctx, 100, (n + 1) // 2)
+        big, small = _publish_samples(ctx, [s.big, 100], n)
         out.append(Result("publish_scale", 1.5, median_ms(big), median_ms(small),
                           ours_what=f"complete_turn+publish, {s.big:,} files",
                           baseline_what="complete_turn+publish, 100 files"))
     if "publish_vs_git" in wanted:
-        git = _Git(ctx)
+        # ours first, then git: not interleaved, because git's writes to disk
+        # (and writing the 10,000 files out) would slow PostgreSQL's commit
+        # fsyncs, charging git's I/O to ours
         ours = list(ctx.publish_samples.get(10_000, []))
+        if len(ours) < n:
+            ours += _publish_samples(ctx, [10_000], n - len(ours))[0]
+        git = _Git(ctx)
         base: list[float] = []
-        need = n
-        while len(base) < need:
-            if len(ours) < need:
-                ours += _publish_samples(ctx, 10_000, min(5, need - len(ours)))
-            for _ in range(2 if not base else 0):
-                git.prepare()
-                git.commit()  # warm-up
-            for _ in range(min(5, need - len(base))):
-                git.prepare()
-                base.append(timed(git.commit))
+        for i in range(n + 2):
+            git.prepare()
+            t = timed(git.commit)
+            if i >= 2:  # two warm-ups
+                base.append(t)
         out.append(Result("publish_vs_git", 0.5, median_ms(ours), median_ms(base),
                           ours_what="complete_turn+publish, 10k files",
                           baseline_what="git add <file> && git commit, 10k-file repo"))
