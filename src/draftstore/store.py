@@ -16,7 +16,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -30,6 +30,7 @@ from .blobs import BlobStore, ObjectCache, open_blob_store
 from .coord import Coordinator, open_coordinator
 from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
+from .db.queries import Queries
 from .db.tables import (
     DraftChangeRow,
     DraftRow,
@@ -41,6 +42,7 @@ from .db.tables import (
     utcnow,
 )
 from .digest import EMPTY_TREE, Digest
+from .events import EventPublisher
 from .paths import normalize_path, parent_dirs
 from .records import (
     Draft,
@@ -134,6 +136,10 @@ class Store:
         self.cache = cache if cache is not None else getattr(blobs, "cache", ObjectCache(self.settings.cache_bytes))
         self.trees = TreeReader(blobs, self.cache)
         self._sqlite = is_sqlite(engine)
+        self.q = Queries(engine.dialect.name)
+        # single-statement operations run in autocommit: one round trip, no BEGIN/COMMIT
+        self._autocommit = engine if self._sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
+        self._events = EventPublisher(coord)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -183,6 +189,7 @@ class Store:
         return cls.open()
 
     def close(self) -> None:
+        self._events.close()
         self.engine.dispose()
         self.blobs.close()
         self.coord.close()
@@ -195,27 +202,43 @@ class Store:
 
     # --------------------------------------------------------------- plumbing
     @contextmanager
-    def _tx(self) -> Iterator[Connection]:
-        """One database transaction; driver errors become typed errors."""
+    def _tx(self, *, read_only: bool = False) -> Iterator[Connection]:
+        """One database transaction; driver errors become typed errors.
+
+        ``read_only`` lets SQLite readers run beside a writer (deferred BEGIN).
+        """
         try:
-            with self.engine.begin() as conn:
-                yield conn
+            with self.engine.connect() as conn:
+                if read_only:
+                    conn.execution_options(draftstore_read_only=True)
+                with conn.begin():
+                    yield conn
         except E.DraftstoreError:
             raise
-        except sa_exc.OperationalError as exc:
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
-        except sa_exc.InterfaceError as exc:
+
+    @contextmanager
+    def _statement(self) -> Iterator[Connection]:
+        """A connection for ONE statement, atomic on its own (autocommit where it helps)."""
+        try:
+            with self._autocommit.connect() as conn:
+                if self._sqlite:
+                    with conn.begin():
+                        yield conn
+                else:
+                    yield conn
+        except E.DraftstoreError:
+            raise
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
 
     def _for_update(self, stmt: sa.Select) -> sa.Select:
         return stmt if self._sqlite else stmt.with_for_update()
 
     def _emit(self, stream: str, type: str, data: dict[str, Any]) -> None:
-        # events are a convenience (rebuildable from rows): never fail an operation on them
-        try:
-            self.coord.append(stream, type, data)
-        except E.DraftstoreError as exc:
-            log.warning("event %s on %s not buffered: %s", type, stream, exc)
+        # events are a convenience (rebuildable from rows): queued, never waited for
+        self._events.emit(stream, type, data)
 
     def _load_project(self, conn: Connection, project_id: str, lock: bool = False) -> Any:
         stmt = sa.select(P).where(P.c.id == project_id)
@@ -261,18 +284,32 @@ class Store:
         PostgreSQL's read-committed a turn ended by a transaction that held
         the lock is seen as ended: a late write is always refused.
         """
-        sub = sa.select(T.c.draft_id).where(T.c.id == turn_id).scalar_subquery()
-        draft = conn.execute(
-            D.update()
-            .where(D.c.id == sub)
-            .values(revision=D.c.revision + 1)
-            .returning(D.c.id, D.c.revision, D.c.code_manifest_key, D.c.file_count, D.c.project_id,
-                       D.c.characters_json, D.c.world_settings_json)
-        ).first()
-        status = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).scalar()
+        draft = conn.execute(self.q.lock_draft, {"turn_id": turn_id}).first()
+        status = conn.execute(self.q.turn_status, {"turn_id": turn_id}).scalar()
         if draft is None or status != TurnStatus.RUNNING:
             raise self._not_running(conn, turn_id)
         return draft
+
+    def _lock_draft_with_overlay(self, conn: Connection, turn_id: str,
+                                 paths: list[str]) -> tuple[Any, dict[str, OverlayEntry]]:
+        """``_lock_draft_of_running_turn`` plus the overlay rows that decide the
+        merged state of ``paths``, read with the turn's status in one statement."""
+        draft = conn.execute(self.q.lock_draft, {"turn_id": turn_id}).first()
+        if draft is None:
+            raise self._not_running(conn, turn_id)
+        targeted = len(paths) <= _TARGETED_OVERLAY_MAX
+        params: dict[str, Any] = {"turn_id": turn_id, "draft_id": draft.id}
+        if targeted:
+            names = set(paths)
+            for i, p in enumerate(paths):
+                names.update(parent_dirs(p))
+                params[f"lo{i}"], params[f"hi{i}"] = p + "/", p + "0"
+            params["names"] = sorted(names)
+        rows = conn.execute(self.q.status_and_overlay(len(paths) if targeted else None), params).all()
+        if not rows or rows[0].status != TurnStatus.RUNNING:
+            raise self._not_running(conn, turn_id)
+        overlay = {r.path: (None if r.digest is None else (Digest(r.digest), r.size)) for r in rows if r.path is not None}
+        return draft, overlay
 
     def _check_json_state(self, name: str, value: Any) -> str:
         text = _dumps(value)
@@ -619,18 +656,23 @@ class Store:
                 tvals["partial_response_json"] = partial
             conn.execute(T.update().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING).values(**tvals))
             project_id = draft.project_id
-        root = self._seal_draft(draft.id)
-        with self._tx() as conn:
-            d = conn.execute(sa.select(D.c.characters_json, D.c.world_settings_json).where(D.c.id == draft.id)).first()
-            state = self._put_state(d.characters_json, d.world_settings_json)
+        # the JSON state as the turn left it (no write can follow: the turn has ended)
+        state = self._put_state(draft.characters_json, draft.world_settings_json)
+
+        def record_end(conn: Connection, root: Digest) -> Turn:
             conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root, end_state_digest=state))
+            return self._read_turn(conn, turn_id)
+
+        # fold only this turn's writes (revisions below the one taken at its end), so a
+        # turn that starts meanwhile never leaks into this turn's end root
+        root, turn = self._seal_draft(draft.id, upto_revision=draft.revision, then=record_end)
         try:
             self.coord.forget(f"turn:{turn_id}")
         except E.DraftstoreError:
             pass
         self._emit(f"turn:{turn_id}", f"turn.{status}", {"turn_id": turn_id, "end_root": root})
         self._emit(f"project:{project_id}", f"turn.{status}", {"turn_id": turn_id})
-        return self.get_turn(turn_id)
+        return turn
 
     def _turn(self, r: Any, calls: tuple[ToolCall, ...] = ()) -> Turn:
         return Turn(r.id, r.project_id, r.draft_id, r.number, r.continues_turn_id, r.status, r.user_message,
@@ -645,9 +687,12 @@ class Store:
 
     def get_turn(self, turn_id: str) -> Turn:
         """A turn with its whole tool-call history, in ``seq`` order."""
-        with self._tx() as conn:
-            r = self._load_turn(conn, turn_id)
-            calls = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id).order_by(TC.c.seq)).all()
+        with self._tx(read_only=True) as conn:
+            return self._read_turn(conn, turn_id)
+
+    def _read_turn(self, conn: Connection, turn_id: str) -> Turn:
+        r = self._load_turn(conn, turn_id)
+        calls = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id).order_by(TC.c.seq)).all()
         return self._turn(r, tuple(self._tool_call(c) for c in calls))
 
     def list_turns(self, project_id: str) -> list[Turn]:
@@ -681,26 +726,14 @@ class Store:
             raise E.InvalidInput("tool_name must not be empty", field="tool_name")
         args_json, args_digest, args_preview = self._payload("args", args)
         now = utcnow()
-        next_seq = (
-            sa.select(sa.func.coalesce(sa.func.max(TC.c.seq), 0) + 1).where(TC.c.turn_id == turn_id).scalar_subquery()
-        )
-        source = sa.select(
-            T.c.id, next_seq, sa.literal(tool_name), sa.literal("started"), sa.literal(args_json, sa.Text),
-            sa.literal(args_digest, sa.String), sa.literal(args_preview, sa.Text),
-            sa.literal(now, sa.DateTime(timezone=True)),
-        ).where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING)
-        if not self._sqlite:
-            # wait for, then re-check, a concurrent status change of the turn
-            source = source.with_for_update(read=True, of=T)
-        stmt = TC.insert().from_select(
-            ["turn_id", "seq", "tool_name", "status", "args_json", "args_digest", "args_preview", "started_at"],
-            source,
-        ).returning(TC.c.seq)
+        params = {"p_turn_id": turn_id, "p_tool_name": tool_name, "p_args_json": args_json,
+                  "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now}
         for attempt in range(20):
             try:
-                with self._tx() as conn:
-                    seq = conn.execute(stmt).scalar()
-                    if seq is None:
+                with self._statement() as conn:
+                    seq = conn.execute(self.q.tool_started, params).scalar()
+                if seq is None:
+                    with self._tx(read_only=True) as conn:
                         raise self._not_running(conn, turn_id)
                 break
             except sa_exc.IntegrityError:
@@ -715,28 +748,23 @@ class Store:
     def tool_completed(self, turn_id: str, seq: int, result: Any = None) -> None:
         """Record a started call's result. Raises ``toolcall.not_started``, ``turn.not_running``."""
         result_json, result_digest, result_preview = self._payload("result", result)
-        self._finish_call(turn_id, seq, "completed", {
+        self._finish_call(turn_id, seq, "completed", self.q.tool_completed, {
             "result_json": result_json, "result_digest": result_digest, "result_preview": result_preview,
         })
 
     def tool_failed(self, turn_id: str, seq: int, error: str) -> None:
         """Record that a started call failed with ``error``."""
         _check_text("error", error, self.limits.max_message_bytes)
-        self._finish_call(turn_id, seq, "failed", {"error": error})
+        self._finish_call(turn_id, seq, "failed", self.q.tool_failed, {"error": error})
 
-    def _finish_call(self, turn_id: str, seq: int, status: str, values: dict[str, Any]) -> None:
+    def _finish_call(self, turn_id: str, seq: int, status: str, stmt: Any, values: dict[str, Any]) -> None:
         if not isinstance(seq, int) or isinstance(seq, bool):
             raise E.InvalidInput("seq must be an integer", field="seq")
-        running = sa.exists().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING)
-        with self._tx() as conn:
-            res = conn.execute(
-                TC.update()
-                .where(TC.c.turn_id == turn_id, TC.c.seq == seq, TC.c.status == "started", running)
-                .values(status=status, ended_at=utcnow(), **values)
-            )
-            if res.rowcount == 1:
-                pass
-            else:
+        with self._statement() as conn:
+            params = {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **{f"p_{k}": v for k, v in values.items()}}
+            updated = conn.execute(stmt, params).rowcount
+        if updated != 1:
+            with self._tx(read_only=True) as conn:
                 turn = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).first()
                 if turn is None or turn.status != TurnStatus.RUNNING:
                     raise self._not_running(conn, turn_id)
@@ -801,8 +829,7 @@ class Store:
             digests = self.blobs.put_many([v for _, v in writes])
             stored = {p: (d, len(v)) for (p, v), d in zip(writes, digests)}
         with self._tx() as conn:
-            draft = self._lock_draft_of_running_turn(conn, turn_id)
-            overlay = self._overlay_rows(conn, draft.id, list(changes))
+            draft, overlay = self._lock_draft_with_overlay(conn, turn_id, list(changes))
             state = _MergedState(self.trees, Digest(draft.code_manifest_key), overlay)
             moved = {}
             for value in changes.values():
@@ -837,37 +864,11 @@ class Store:
             if draft.file_count + delta > self.limits.max_files_per_draft:
                 raise E.LimitExceeded(f"the draft would hold more than {self.limits.max_files_per_draft} files",
                                       limit=self.limits.max_files_per_draft)
-            conn.execute(self._upsert_overlay(), rows)
+            conn.execute(self.q.upsert_overlay, rows)
             if delta:
-                conn.execute(D.update().where(D.c.id == draft.id).values(file_count=D.c.file_count + delta))
+                conn.execute(self.q.add_file_count, {"draft_id": draft.id, "delta": delta})
         self._emit(f"turn:{turn_id}", "draft.changed",
                    {"turn_id": turn_id, "revision": draft.revision, "paths": sorted(changes)[:100]})
-
-    def _upsert_overlay(self) -> Any:
-        if self._sqlite:
-            from sqlalchemy.dialects.sqlite import insert
-        else:
-            from sqlalchemy.dialects.postgresql import insert
-        stmt = insert(C)
-        return stmt.on_conflict_do_update(
-            index_elements=[C.c.draft_id, C.c.path],
-            set_={"digest": stmt.excluded.digest, "size": stmt.excluded.size, "revision": stmt.excluded.revision},
-        )
-
-    def _overlay_rows(self, conn: Connection, draft_id: str, paths: list[str] | None) -> dict[str, OverlayEntry]:
-        """Overlay rows that decide the merged state of ``paths``: the paths, their
-        parents, and everything below them; small batches read only those.
-        ``paths=None`` reads the whole overlay."""
-        q = sa.select(C.c.path, C.c.digest, C.c.size).where(C.c.draft_id == draft_id)
-        if paths is not None and len(paths) <= _TARGETED_OVERLAY_MAX:
-            wanted = set(paths)
-            for p in paths:
-                wanted.update(parent_dirs(p))
-            conds = [C.c.path.in_(sorted(wanted))]
-            # '/' is 0x2F and '0' is 0x30: [p + '/', p + '0') is every path below p
-            conds += [sa.and_(C.c.path > p + "/", C.c.path < p + "0") for p in paths]
-            q = q.where(sa.or_(*conds))
-        return {r.path: (None if r.digest is None else (Digest(r.digest), r.size)) for r in conn.execute(q)}
 
     # ------------------------------------------------------- characters, world
     def patch_characters(self, turn_id: str, patch: Any) -> Any:
@@ -902,25 +903,43 @@ class Store:
         return new
 
     # ------------------------------------------------------------------ sealing
-    def _seal_draft(self, draft_id: str) -> Digest:
+    def _seal_draft(
+        self,
+        draft_id: str,
+        *,
+        upto_revision: int | None = None,
+        then: Callable[[Connection, Digest], Any] | None = None,
+    ) -> Any:
         """Fold the draft's overlay into tree objects; returns the new sealed root.
 
         Restartable and safe to race: tree objects are put before the
         compare-and-swap of ``code_manifest_key``, and only the overlay rows
         that were folded (same path and revision) are removed, so a write
-        that lands meanwhile stays in the overlay.
+        that lands meanwhile stays in the overlay. ``upto_revision`` folds
+        only rows written at or below that draft revision. ``then(conn, root)``
+        runs inside the transaction that commits the root (or in its own when
+        there is nothing to fold); with it, returns ``(root, then's result)``.
         """
+        stmt = (
+            sa.select(D.c.code_manifest_key, C.c.path, C.c.digest, C.c.size, C.c.revision)
+            .select_from(D.outerjoin(C, sa.and_(
+                C.c.draft_id == D.c.id,
+                sa.true() if upto_revision is None else C.c.revision <= upto_revision,
+            )))
+            .where(D.c.id == draft_id)
+        )
         for _ in range(50):
-            with self._tx() as conn:
-                row = conn.execute(sa.select(D.c.code_manifest_key).where(D.c.id == draft_id)).first()
-                if row is None:
-                    raise E.DraftNone(f"no draft {draft_id!r}")
-                rows = conn.execute(
-                    sa.select(C.c.path, C.c.digest, C.c.size, C.c.revision).where(C.c.draft_id == draft_id)
-                ).all()
-            old = Digest(row.code_manifest_key)
+            with self._statement() as conn:  # root and overlay from one snapshot
+                found = conn.execute(stmt).all()
+            if not found:
+                raise E.DraftNone(f"no draft {draft_id!r}")
+            old = Digest(found[0].code_manifest_key)
+            rows = [r for r in found if r.path is not None]
             if not rows:
-                return old
+                if then is None:
+                    return old
+                with self._tx() as conn:
+                    return old, then(conn, old)
             changes: dict[str, FileChange] = {
                 r.path: (None if r.digest is None else (Digest(r.digest), r.size)) for r in rows
             }
@@ -939,7 +958,8 @@ class Store:
                     ),
                     [{"p": r.path, "r": r.revision} for r in rows],
                 )
-            return new
+                result = then(conn, new) if then is not None else None
+            return new if then is None else (new, result)
         raise E.DraftBusy(f"draft {draft_id} kept changing while sealing", draft_id=draft_id)
 
     # ------------------------------------------------------------------ publish
@@ -974,9 +994,10 @@ class Store:
                 )
             conn.execute(D.update().where(D.c.id == draft.id).values(status=DraftStatus.PUBLISHING,
                                                                       status_changed_at=now))
+            unsealed = conn.execute(sa.select(sa.exists().where(C.c.draft_id == draft.id))).scalar()
             prior_status, expected_head = draft.status, project.current_version_id
         try:
-            root = self._seal_draft(draft.id)
+            root = self._seal_draft(draft.id) if unsealed else Digest(draft.code_manifest_key)
             with self._tx() as conn:
                 project = self._load_project(conn, project_id, lock=True)
                 if project.current_version_id != expected_head:
@@ -997,7 +1018,9 @@ class Store:
                 conn.execute(P.update().where(P.c.id == project_id).values(active_draft_id=None))
                 conn.execute(D.update().where(D.c.id == draft.id).values(
                     closed_at=now, closed_reason="published", published_version_id=vid, status_changed_at=now))
-                version = self._version(self._load_version(conn, vid))
+                version = Version(vid, project_id, number, expected_head, root, d.file_count,
+                                  loads(d.characters_json), loads(d.world_settings_json), summary, d.last_turn_id,
+                                  actor, now)
         except BaseException:
             self._release_publishing(draft.id, prior_status)
             raise
@@ -1066,22 +1089,25 @@ class Store:
     def view(self, project_id: str) -> View:
         """The newest state: the active draft (with its unsealed writes), else head.
 
-        The view is pinned: it copies the overlay now and later reads never
-        see later writes.
+        The view is pinned: the draft row and its overlay are read by one
+        statement (one snapshot) and copied; later reads never see later
+        writes. Raises ``project.not_found``.
         """
-        with self._tx() as conn:
-            project = self._load_project(conn, project_id)
-            draft = self._active_draft(conn, project)
-            if draft is not None:
-                overlay = self._overlay_rows(conn, draft.id, None)
-                return View(trees=self.trees, project_id=project_id, kind="draft",
-                            root=Digest(draft.code_manifest_key), overlay=overlay,
-                            characters=loads(draft.characters_json), world_settings=loads(draft.world_settings_json),
-                            draft_id=draft.id, version_id=draft.base_version_id, revision=draft.revision,
-                            limits=self.limits)
-            if project.current_version_id is not None:
-                v = self._load_version(conn, project.current_version_id)
-                return self._version_view(v)
+        with self._statement() as conn:
+            rows = conn.execute(self.q.view, {"project_id": project_id}).all()
+        head = next((r for r in rows if r.part == 0), None)
+        if head is None:
+            raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+        if head.draft_id is not None and head.d_root is not None:
+            overlay = {r.path: (None if r.digest is None else (Digest(r.digest), r.size))
+                       for r in rows if r.part == 1}
+            return View(trees=self.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
+                        overlay=overlay, characters=loads(head.d_chars), world_settings=loads(head.d_world),
+                        draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=self.limits)
+        if head.version_id is not None and head.v_root is not None:
+            return View(trees=self.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
+                        overlay={}, characters=loads(head.v_chars), world_settings=loads(head.v_world),
+                        version_id=head.version_id, limits=self.limits)
         return View(trees=self.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
                     characters={}, world_settings={}, limits=self.limits)
 
@@ -1181,7 +1207,11 @@ class Store:
 
     # ------------------------------------------------------------------- events
     def events(self, stream: str, after: int = 0, limit: int = 1000) -> list[Any]:
-        """Buffered events of ``turn:<id>`` or ``project:<id>`` with id > ``after``."""
+        """Buffered events of ``turn:<id>`` or ``project:<id>`` with id > ``after``.
+
+        Includes every event this store emitted before the call.
+        """
+        self._events.flush()
         return self.coord.read(stream, after=after, limit=limit)
 
 

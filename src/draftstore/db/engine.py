@@ -59,7 +59,9 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
 
         @event.listens_for(engine, "begin")
         def _on_begin(conn: Any) -> None:
-            conn.exec_driver_sql("BEGIN IMMEDIATE")
+            # writers take the write lock up front; read-only transactions stay deferred
+            read_only = conn.get_execution_options().get("draftstore_read_only", False)
+            conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
         return engine
     if u.get_backend_name() == "postgresql":

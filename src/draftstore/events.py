@@ -1,0 +1,93 @@
+"""Buffering the store's events into the coordinator, off the caller's path.
+
+Events (turn started, tool call recorded, draft changed, ...) feed SSE. They
+are not truth: everything they say is in the database already. So an
+operation never waits for the coordinator: ``EventPublisher.emit`` queues the
+event and one background thread appends queued events in order. Within one
+process, events of a stream keep the order of the operations that emitted
+them. ``flush`` waits until everything queued so far is appended (the store
+calls it before reading events and on close, so a process reads its own
+events).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from typing import Any
+
+from .coord import Coordinator
+from .errors import DraftstoreError
+
+__all__ = ["EventPublisher"]
+
+log = logging.getLogger("draftstore.events")
+
+_STOP = object()
+
+
+class EventPublisher:
+    """Ordered, asynchronous appends to a coordinator's event buffers.
+
+    Bounded: when ``max_pending`` events wait (the coordinator is down or
+    slow), new ones are dropped with a warning rather than blocking the
+    operation that emitted them.
+    """
+
+    def __init__(self, coord: Coordinator, max_pending: int = 100_000) -> None:
+        self.coord = coord
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
+        self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self.dropped = 0
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None:
+            with self._start_lock:
+                if self._thread is None:
+                    t = threading.Thread(target=self._run, name="draftstore-events", daemon=True)
+                    t.start()
+                    self._thread = t
+
+    def emit(self, stream: str, type: str, data: dict[str, Any]) -> None:
+        self._ensure_thread()
+        try:
+            self._queue.put_nowait((stream, type, data))
+        except queue.Full:
+            self.dropped += 1
+            log.warning("event %s on %s dropped: %d events already pending", type, stream, self._queue.qsize())
+
+    def flush(self, timeout: float = 10.0) -> bool:
+        """Wait until every event queued before this call is appended (or dropped)."""
+        if self._thread is None:
+            return True
+        done = threading.Event()
+        try:
+            self._queue.put((None, None, done), timeout=timeout)
+        except queue.Full:
+            return False
+        return done.wait(timeout)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self.flush()
+            self._queue.put(_STOP)
+            self._thread.join(timeout=10)
+            self._thread = None
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            stream, type, data = item
+            if stream is None:
+                data.set()
+                continue
+            try:
+                self.coord.append(stream, type, data)
+            except DraftstoreError as exc:
+                log.warning("event %s on %s not buffered: %s", type, stream, exc)
+            except Exception:  # never let one bad event kill the publisher
+                log.exception("event %s on %s not buffered", type, stream)
