@@ -35,8 +35,11 @@ class EventPublisher:
     operation that emitted them.
     """
 
-    def __init__(self, coord: Coordinator, max_pending: int = 100_000) -> None:
+    def __init__(self, coord: Coordinator, max_pending: int = 100_000, linger_s: float = 0.002,
+                 max_batch: int = 500) -> None:
         self.coord = coord
+        self.linger_s = linger_s
+        self.max_batch = max_batch
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
@@ -79,15 +82,24 @@ class EventPublisher:
     def _run(self) -> None:
         while True:
             item = self._queue.get()
-            if item is _STOP:
-                return
-            stream, type, data = item
-            if stream is None:
-                data.set()
-                continue
-            try:
-                self.coord.append(stream, type, data)
-            except DraftstoreError as exc:
-                log.warning("event %s on %s not buffered: %s", type, stream, exc)
-            except Exception:  # never let one bad event kill the publisher
-                log.exception("event %s on %s not buffered", type, stream)
+            batch = [item]
+            # gather what arrives within a moment: one round trip for a burst
+            while item is not _STOP and item[0] is not None and len(batch) < self.max_batch:
+                try:
+                    item = self._queue.get(timeout=self.linger_s)
+                except queue.Empty:
+                    break
+                batch.append(item)
+            events = [e for e in batch if e is not _STOP and e[0] is not None]
+            if events:
+                try:
+                    self.coord.append_many(events)
+                except DraftstoreError as exc:
+                    log.warning("%d events not buffered: %s", len(events), exc)
+                except Exception:  # never let one bad batch kill the publisher
+                    log.exception("%d events not buffered", len(events))
+            for e in batch:
+                if e is _STOP:
+                    return
+                if e[0] is None:
+                    e[2].set()

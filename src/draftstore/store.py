@@ -30,7 +30,7 @@ from .blobs import BlobStore, ObjectCache, open_blob_store
 from .coord import Coordinator, open_coordinator
 from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
-from .db.queries import Queries
+from .db.queries import OneShot, Queries
 from .db.tables import (
     DraftChangeRow,
     DraftRow,
@@ -137,9 +137,15 @@ class Store:
         self.trees = TreeReader(blobs, self.cache)
         self._sqlite = is_sqlite(engine)
         self.q = Queries(engine.dialect.name)
-        # single-statement operations run in autocommit: one round trip, no BEGIN/COMMIT
-        self._autocommit = engine if self._sqlite else engine.execution_options(isolation_level="AUTOCOMMIT")
+        # single-statement operations run on a pool of autocommit connections: one
+        # round trip each, no BEGIN/COMMIT, no per-checkout isolation switching
+        self._autocommit = engine if self._sqlite else create_db_engine(
+            engine.url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT",
+            pool_reset_on_return=None)
         self._events = EventPublisher(coord)
+        self._tool_started = OneShot(self.q.tool_started, self._autocommit)
+        self._tool_completed = OneShot(self.q.tool_completed, self._autocommit)
+        self._tool_failed = OneShot(self.q.tool_failed, self._autocommit)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -190,6 +196,8 @@ class Store:
 
     def close(self) -> None:
         self._events.close()
+        if self._autocommit is not self.engine:
+            self._autocommit.dispose()
         self.engine.dispose()
         self.blobs.close()
         self.coord.close()
@@ -230,6 +238,14 @@ class Store:
                     yield conn
         except E.DraftstoreError:
             raise
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
+
+    def _one(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
+        """Run a prebuilt single statement; driver errors become typed errors
+        (integrity errors are left to the caller, who knows what they mean)."""
+        try:
+            return stmt.run(params)
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
             raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
 
@@ -730,8 +746,8 @@ class Store:
                   "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now}
         for attempt in range(20):
             try:
-                with self._statement() as conn:
-                    seq = conn.execute(self.q.tool_started, params).scalar()
+                row, _ = self._one(self._tool_started, params)
+                seq = row[0] if row is not None else None
                 if seq is None:
                     with self._tx(read_only=True) as conn:
                         raise self._not_running(conn, turn_id)
@@ -742,27 +758,26 @@ class Store:
                     raise
                 time.sleep(0.001 * (attempt + 1))
         self._emit(f"turn:{turn_id}", "tool.started", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
-        return ToolCall(turn_id, seq, tool_name, "started", loads(args_json), args_digest, args_preview,
+        return ToolCall(turn_id, seq, tool_name, "started", (None if args_digest else args), args_digest, args_preview,
                         None, None, None, None, now, None)
 
     def tool_completed(self, turn_id: str, seq: int, result: Any = None) -> None:
         """Record a started call's result. Raises ``toolcall.not_started``, ``turn.not_running``."""
         result_json, result_digest, result_preview = self._payload("result", result)
-        self._finish_call(turn_id, seq, "completed", self.q.tool_completed, {
+        self._finish_call(turn_id, seq, "completed", self._tool_completed, {
             "result_json": result_json, "result_digest": result_digest, "result_preview": result_preview,
         })
 
     def tool_failed(self, turn_id: str, seq: int, error: str) -> None:
         """Record that a started call failed with ``error``."""
         _check_text("error", error, self.limits.max_message_bytes)
-        self._finish_call(turn_id, seq, "failed", self.q.tool_failed, {"error": error})
+        self._finish_call(turn_id, seq, "failed", self._tool_failed, {"error": error})
 
-    def _finish_call(self, turn_id: str, seq: int, status: str, stmt: Any, values: dict[str, Any]) -> None:
+    def _finish_call(self, turn_id: str, seq: int, status: str, stmt: OneShot, values: dict[str, Any]) -> None:
         if not isinstance(seq, int) or isinstance(seq, bool):
             raise E.InvalidInput("seq must be an integer", field="seq")
-        with self._statement() as conn:
-            params = {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **{f"p_{k}": v for k, v in values.items()}}
-            updated = conn.execute(stmt, params).rowcount
+        params = {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **{f"p_{k}": v for k, v in values.items()}}
+        _, updated = self._one(stmt, params)
         if updated != 1:
             with self._tx(read_only=True) as conn:
                 turn = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).first()

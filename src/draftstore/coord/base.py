@@ -7,7 +7,7 @@ database; a missing heartbeat only means "presumed dead".
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -41,6 +41,8 @@ class Coordinator(Protocol):
       ``lock.timeout``; a lock whose holder died frees itself after ``ttl_s``.
       Only the owner can release it.
     - ``append(stream, type, data)`` returns the event id: 1, 2, 3, ... per stream.
+      ``append_many([(stream, type, data), ...])`` appends several in order (one
+      round trip where the backend allows) and returns their ids.
       ``read(stream, after=0, limit)`` returns events with id > after, in order.
       Buffers are bounded (``max_events`` newest kept).
     - ``beat(key, ttl_s)`` marks key alive for ttl_s; ``alive(key)`` tells.
@@ -51,6 +53,8 @@ class Coordinator(Protocol):
     def acquire(self, name: str, ttl_s: float = 30.0, timeout_s: float = 10.0) -> Lock: ...
 
     def append(self, stream: str, type: str, data: dict[str, Any] | None = None) -> int: ...
+
+    def append_many(self, events: Sequence[tuple[str, str, dict[str, Any] | None]]) -> list[int]: ...
 
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]: ...
 

@@ -12,6 +12,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Any
 
 from ..errors import LockTimeout
@@ -74,6 +75,10 @@ class MemoryCoordinator:
             self._streams[stream] = (event.id, buf)
             self._cv.notify_all()
             return event.id
+
+    def append_many(self, events: Sequence[tuple[str, str, dict[str, Any] | None]]) -> list[int]:
+        with self._cv:
+            return [self.append(stream, type, data) for stream, type, data in events]
 
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
         with self._cv:

@@ -65,5 +65,7 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
 
         return engine
     if u.get_backend_name() == "postgresql":
-        return sa.create_engine(u, pool_size=10, max_overflow=20, pool_pre_ping=False, **kwargs)
+        kwargs.setdefault("pool_size", 10)
+        kwargs.setdefault("max_overflow", 20)
+        return sa.create_engine(u, **kwargs)
     return sa.create_engine(u, **kwargs)
