@@ -445,6 +445,7 @@ class Store:
         actor: str | None,
         now: Any,
         reason: str,
+        clear_draft: bool = False,
     ) -> str:
         vid = _new_id()
         conn.execute(
@@ -455,7 +456,10 @@ class Store:
                 created_by=actor, created_at=now,
             )
         )
-        conn.execute(P.update().where(P.c.id == project_id).values(current_version_id=vid))
+        head: dict[str, Any] = {"current_version_id": vid}
+        if clear_draft:
+            head["active_draft_id"] = None
+        conn.execute(P.update().where(P.c.id == project_id).values(**head))
         conn.execute(
             H.insert().values(project_id=project_id, from_version_id=parent_id, to_version_id=vid,
                               reason=reason, actor=actor, turn_id=turn_id, at=now)
@@ -657,27 +661,38 @@ class Store:
         partial: str | None = None,
     ) -> Turn:
         now = utcnow()
+        dvals: dict[str, Any] = {"status": draft_status, "status_changed_at": now, "revision": D.c.revision + 1}
+        if partial is not None:
+            dvals["partial_response_json"] = partial
+        tvals: dict[str, Any] = {"status": status, "ended_at": now}
+        if assistant_message is not None:
+            tvals["assistant_message"] = assistant_message
+        if error is not None:
+            tvals["error"] = error
+        if partial is not None:
+            tvals["partial_response_json"] = partial
         with self._tx() as conn:
-            draft = self._lock_draft_of_running_turn(conn, turn_id)
-            dvals: dict[str, Any] = {"status": draft_status, "status_changed_at": now}
-            if partial is not None:
-                dvals["partial_response_json"] = partial
-            conn.execute(D.update().where(D.c.id == draft.id).values(**dvals))
-            tvals: dict[str, Any] = {"status": status, "ended_at": now}
-            if assistant_message is not None:
-                tvals["assistant_message"] = assistant_message
-            if error is not None:
-                tvals["error"] = error
-            if partial is not None:
-                tvals["partial_response_json"] = partial
-            conn.execute(T.update().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING).values(**tvals))
+            # draft row first (the lock order of every writer), then the turn row,
+            # whose status is re-checked under its lock: exactly one ender wins
+            draft = conn.execute(
+                D.update()
+                .where(D.c.id == sa.select(T.c.draft_id).where(T.c.id == turn_id).scalar_subquery())
+                .values(**dvals)
+                .returning(D.c.id, D.c.revision, D.c.project_id, D.c.characters_json, D.c.world_settings_json)
+            ).first()
+            ended = conn.execute(T.update().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING)
+                                 .values(**tvals)).rowcount if draft is not None else 0
+            if ended != 1:
+                raise self._not_running(conn, turn_id)  # rolls the draft update back
             project_id = draft.project_id
         # the JSON state as the turn left it (no write can follow: the turn has ended)
         state = self._put_state(draft.characters_json, draft.world_settings_json)
 
         def record_end(conn: Connection, root: Digest) -> Turn:
-            conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root, end_state_digest=state))
-            return self._read_turn(conn, turn_id)
+            row = conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root, end_state_digest=state)
+                               .returning(*T.c)).first()
+            calls = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id).order_by(TC.c.seq)).all()
+            return self._turn(row, tuple(self._tool_call(c) for c in calls))
 
         # fold only this turn's writes (revisions below the one taken at its end), so a
         # turn that starts meanwhile never leaks into this turn's end root
@@ -1007,40 +1022,50 @@ class Store:
                     draft_id=draft.id, base_version_id=draft.base_version_id,
                     head_version_id=project.current_version_id,
                 )
-            conn.execute(D.update().where(D.c.id == draft.id).values(status=DraftStatus.PUBLISHING,
-                                                                      status_changed_at=now))
             unsealed = conn.execute(sa.select(sa.exists().where(C.c.draft_id == draft.id))).scalar()
-            prior_status, expected_head = draft.status, project.current_version_id
-        try:
-            root = self._seal_draft(draft.id) if unsealed else Digest(draft.code_manifest_key)
-            with self._tx() as conn:
-                project = self._load_project(conn, project_id, lock=True)
-                if project.current_version_id != expected_head:
-                    raise E.DraftConflict(f"head of project {project_id} moved during publish",
-                                          draft_id=draft.id, head_version_id=project.current_version_id)
-                d = conn.execute(self._for_update(sa.select(D).where(D.c.id == draft.id))).first()
-                if d is None or d.closed_at is not None or d.status != DraftStatus.PUBLISHING:
-                    raise E.DraftBusy(f"draft {draft.id} was released while publishing", draft_id=draft.id)
-                pending = conn.execute(sa.select(sa.func.count()).select_from(C).where(C.c.draft_id == draft.id)).scalar()
-                if pending or d.code_manifest_key != root:
-                    raise E.DraftBusy(f"draft {draft.id} changed while publishing", draft_id=draft.id)
-                number = (conn.execute(sa.select(sa.func.max(V.c.number)).where(V.c.project_id == project_id))
-                          .scalar() or 0) + 1
-                vid = self._insert_version(
-                    conn, project_id, project.current_version_id, number, root, d.file_count, d.characters_json,
-                    d.world_settings_json, summary, d.last_turn_id, actor, now, reason="publish",
-                )
-                conn.execute(P.update().where(P.c.id == project_id).values(active_draft_id=None))
-                conn.execute(D.update().where(D.c.id == draft.id).values(
-                    closed_at=now, closed_reason="published", published_version_id=vid, status_changed_at=now))
-                version = Version(vid, project_id, number, expected_head, root, d.file_count,
-                                  loads(d.characters_json), loads(d.world_settings_json), summary, d.last_turn_id,
-                                  actor, now)
-        except BaseException:
-            self._release_publishing(draft.id, prior_status)
-            raise
-        self._emit(f"project:{project_id}", "version.published", {"version_id": vid, "number": number})
+            if not unsealed:
+                # the common case (turn ends seal the draft): everything in this one transaction
+                version = self._finish_publish(conn, project, draft, summary, actor, now)
+            else:
+                conn.execute(D.update().where(D.c.id == draft.id).values(status=DraftStatus.PUBLISHING,
+                                                                          status_changed_at=now))
+        if unsealed:
+            # unsealed writes (a worker died before its turn's end sealed them): seal
+            # outside any transaction, the 'publishing' status keeping turns out meanwhile
+            try:
+                self._seal_draft(draft.id)
+                with self._tx() as conn:
+                    project = self._load_project(conn, project_id, lock=True)
+                    if project.current_version_id != draft.base_version_id and not force:
+                        raise E.DraftConflict(f"head of project {project_id} moved during publish",
+                                              draft_id=draft.id, head_version_id=project.current_version_id)
+                    d = conn.execute(self._for_update(sa.select(D).where(D.c.id == draft.id))).first()
+                    if d is None or d.closed_at is not None or d.status != DraftStatus.PUBLISHING:
+                        raise E.DraftBusy(f"draft {draft.id} was released while publishing", draft_id=draft.id)
+                    if conn.execute(sa.select(sa.exists().where(C.c.draft_id == draft.id))).scalar():
+                        raise E.DraftBusy(f"draft {draft.id} changed while publishing", draft_id=draft.id)
+                    version = self._finish_publish(conn, project, d, summary, actor, now)
+            except BaseException:
+                self._release_publishing(draft.id, draft.status)
+                raise
+        self._emit(f"project:{project_id}", "version.published", {"version_id": version.id, "number": version.number})
         return version
+
+    def _finish_publish(self, conn: Connection, project: Any, d: Any, summary: str, actor: str | None,
+                        now: Any) -> Version:
+        """Within the caller's transaction (project and draft rows locked, overlay
+        empty): insert the version, move head, close the draft, record the move."""
+        number = (conn.execute(sa.select(sa.func.max(V.c.number)).where(V.c.project_id == project.id))
+                  .scalar() or 0) + 1
+        vid = self._insert_version(
+            conn, project.id, project.current_version_id, number, d.code_manifest_key, d.file_count,
+            d.characters_json, d.world_settings_json, summary, d.last_turn_id, actor, now, reason="publish",
+            clear_draft=True,
+        )
+        conn.execute(D.update().where(D.c.id == d.id).values(
+            closed_at=now, closed_reason="published", published_version_id=vid, status_changed_at=now))
+        return Version(vid, project.id, number, project.current_version_id, d.code_manifest_key, d.file_count,
+                       loads(d.characters_json), loads(d.world_settings_json), summary, d.last_turn_id, actor, now)
 
     def _release_publishing(self, draft_id: str, status: str) -> None:
         try:

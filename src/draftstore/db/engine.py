@@ -66,6 +66,8 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     if u.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_size", 10)
+        # most recently used first: its prepared statements are warm
+        kwargs.setdefault("pool_use_lifo", True)
         kwargs.setdefault("max_overflow", 20)
         return sa.create_engine(u, **kwargs)
     return sa.create_engine(u, **kwargs)
