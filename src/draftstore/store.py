@@ -30,17 +30,8 @@ from .blobs import BlobStore, ObjectCache, open_blob_store
 from .coord import Coordinator, open_coordinator
 from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
-from .db.queries import OneShot, Queries
-from .db.tables import (
-    DraftChangeRow,
-    DraftRow,
-    HeadMoveRow,
-    ProjectRow,
-    ToolCallRow,
-    TurnRow,
-    VersionRow,
-    utcnow,
-)
+from .db.queries import C, D, P, T, TC, V, OneShot, Queries
+from .db.tables import HeadMoveRow, utcnow
 from .digest import EMPTY_TREE, Digest
 from .events import EventPublisher
 from .paths import normalize_path, parent_dirs
@@ -64,15 +55,8 @@ __all__ = ["Store"]
 
 log = logging.getLogger("draftstore")
 
-P = ProjectRow.__table__
-V = VersionRow.__table__
-D = DraftRow.__table__
-C = DraftChangeRow.__table__
-T = TurnRow.__table__
-TC = ToolCallRow.__table__
 H = HeadMoveRow.__table__
 
-_ENDED = (TurnStatus.COMPLETED, TurnStatus.INTERRUPTED, TurnStatus.FAILED, TurnStatus.ROLLED_BACK)
 # above this many paths, a batch reads the whole overlay instead of targeted rows
 _TARGETED_OVERLAY_MAX = 16
 
@@ -227,11 +211,13 @@ class Store:
             raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
 
     @contextmanager
-    def _statement(self) -> Iterator[Connection]:
+    def _statement(self, *, read_only: bool = False) -> Iterator[Connection]:
         """A connection for ONE statement, atomic on its own (autocommit where it helps)."""
         try:
             with self._autocommit.connect() as conn:
                 if self._sqlite:
+                    if read_only:
+                        conn.execution_options(draftstore_read_only=True)
                     with conn.begin():
                         yield conn
                 else:
@@ -404,17 +390,9 @@ class Store:
             return self._project(conn, pid)
 
     def _seal_new_files(self, files: Mapping[str, bytes | str]) -> tuple[Digest, int]:
-        if not isinstance(files, Mapping):
-            raise E.InvalidInput("files must be a mapping of path to bytes")
-        if len(files) > self.limits.max_files_per_draft:
-            raise E.LimitExceeded(f"more than {self.limits.max_files_per_draft} files",
-                                  limit=self.limits.max_files_per_draft)
-        cleaned: dict[str, bytes] = {}
-        for raw_path, data in files.items():
-            path = normalize_path(raw_path, self.limits)
-            if path in cleaned:
-                raise E.PathConflict(f"path {path!r} given twice", path=path)
-            cleaned[path] = self._check_file_data(path, data)
+        cleaned = self._clean_batch(files, self.limits.max_files_per_draft, "files")
+        if any(v is None for v in cleaned.values()):
+            raise E.InvalidInput("initial files cannot be deletions (None)")
         self._check_batch_shape(cleaned)
         digests = self.blobs.put_many(list(cleaned.values()))
         changes = {p: (d, len(b)) for (p, b), d in zip(cleaned.items(), digests)}
@@ -473,11 +451,11 @@ class Store:
 
     def get_project(self, project_id: str) -> Project:
         """The project's row: head (``current_version_id``) and ``active_draft_id``."""
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             return self._project(conn, project_id)
 
     def list_projects(self) -> list[Project]:
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             rows = conn.execute(sa.select(P).order_by(P.c.created_at, P.c.id)).all()
         return [Project(r.id, r.name, r.current_version_id, r.active_draft_id, r.forked_from_version_id,
                         aware(r.created_at)) for r in rows]
@@ -490,19 +468,19 @@ class Store:
                        r.created_by_turn_id, r.created_by, aware(r.created_at))
 
     def get_version(self, version_id: str) -> Version:
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             return self._version(self._load_version(conn, version_id))
 
     def list_versions(self, project_id: str) -> list[Version]:
         """Every version of the project, oldest first (rollback deletes none)."""
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             self._load_project(conn, project_id)
             rows = conn.execute(sa.select(V).where(V.c.project_id == project_id).order_by(V.c.number)).all()
         return [self._version(r) for r in rows]
 
     def head_moves(self, project_id: str) -> list[HeadMove]:
         """Every head move of the project, oldest first: who, when, from, to, why."""
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             self._load_project(conn, project_id)
             rows = conn.execute(sa.select(H).where(H.c.project_id == project_id).order_by(H.c.id)).all()
         return [HeadMove(r.id, r.project_id, r.from_version_id, r.to_version_id, r.reason, r.actor, r.turn_id,
@@ -517,7 +495,7 @@ class Store:
 
     def get_draft(self, project_id: str) -> Draft:
         """The project's active draft. Raises ``draft.none``."""
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             project = self._load_project(conn, project_id)
             row = self._active_draft(conn, project)
         if row is None:
@@ -728,7 +706,7 @@ class Store:
 
     def list_turns(self, project_id: str) -> list[Turn]:
         """Every turn of the project, oldest first (tool calls not loaded: see ``get_turn``)."""
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             self._load_project(conn, project_id)
             rows = conn.execute(sa.select(T).where(T.c.project_id == project_id).order_by(T.c.number)).all()
         return [self._turn(r) for r in rows]
@@ -835,18 +813,22 @@ class Store:
 
     def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None]) -> None:
         """Apply a batch ``{path: content | None}`` (None deletes) atomically: all or nothing."""
+        self._apply(turn_id, self._clean_batch(changes, self.limits.max_batch_files, "changes"))
+
+    def _clean_batch(self, changes: Any, max_paths: int, name: str) -> dict[str, bytes | None]:
+        """Validate ``{path: content | None}``: every path canonical, no path named
+        twice, contents within limits. Raises before anything is stored."""
         if not isinstance(changes, Mapping):
-            raise E.InvalidInput("changes must be a mapping of path to bytes or None")
-        if len(changes) > self.limits.max_batch_files:
-            raise E.LimitExceeded(f"more than {self.limits.max_batch_files} paths in one batch",
-                                  limit=self.limits.max_batch_files)
-        cleaned: dict[str, Any] = {}
+            raise E.InvalidInput(f"{name} must be a mapping of path to bytes (or None to delete)")
+        if len(changes) > max_paths:
+            raise E.LimitExceeded(f"more than {max_paths} paths in one call", limit=max_paths)
+        cleaned: dict[str, bytes | None] = {}
         for raw, data in changes.items():
             path = normalize_path(raw, self.limits)
             if path in cleaned:
                 raise E.PathConflict(f"path {path!r} given twice", path=path)
             cleaned[path] = None if data is None else self._check_file_data(path, data)
-        self._apply(turn_id, cleaned)
+        return cleaned
 
     def _apply(self, turn_id: str, changes: dict[str, Any]) -> None:
         if not changes:
@@ -959,7 +941,7 @@ class Store:
             .where(D.c.id == draft_id)
         )
         for _ in range(50):
-            with self._statement() as conn:  # root and overlay from one snapshot
+            with self._statement(read_only=True) as conn:  # root and overlay from one snapshot
                 found = conn.execute(stmt).all()
             if not found:
                 raise E.DraftNone(f"no draft {draft_id!r}")
@@ -1133,7 +1115,7 @@ class Store:
         statement (one snapshot) and copied; later reads never see later
         writes. Raises ``project.not_found``.
         """
-        with self._statement() as conn:
+        with self._statement(read_only=True) as conn:
             rows = conn.execute(self.q.view, {"project_id": project_id}).all()
         head = next((r for r in rows if r.part == 0), None)
         if head is None:
@@ -1153,7 +1135,7 @@ class Store:
 
     def view_at(self, project_id: str, version_id: str) -> View:
         """The state of one version of the project. Raises ``version.not_found``."""
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             self._load_project(conn, project_id)
             return self._version_view(self._load_version(conn, version_id, project_id))
 
@@ -1165,7 +1147,7 @@ class Store:
         """
         if boundary not in ("start", "end"):
             raise E.InvalidInput('boundary is "start" or "end"', boundary=boundary)
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             t = self._load_turn(conn, turn_id)
         root = t.start_root if boundary == "start" else t.end_root
         state_digest = t.start_state_digest if boundary == "start" else t.end_state_digest
@@ -1195,7 +1177,7 @@ class Store:
         if kind == "turn" and rest:
             turn_id, _, boundary = rest.partition(":")
             return self.view_at_turn(turn_id, boundary or "end")
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             return self._version_view(self._load_version(conn, ref))
 
     def diff(self, a: "View | str", b: "View | str", *, text: bool = True, detect_renames: bool = True) -> Any:
@@ -1227,7 +1209,7 @@ class Store:
         """
         now = utcnow()
         reaped = released = 0
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             running = conn.execute(sa.select(T.c.id, T.c.started_at).where(T.c.status == TurnStatus.RUNNING)).all()
             stuck = conn.execute(sa.select(D.c.id, D.c.status_changed_at)
                                  .where(D.c.status == DraftStatus.PUBLISHING, D.c.closed_at.is_(None))).all()
