@@ -121,6 +121,17 @@ def test_put_many_stores_a_batch_and_returns_digests_in_input_order(blob_store: 
         assert blob_store.get(digest) == data
 
 
+def test_get_many_returns_every_object_verified_and_fails_on_a_missing_one(blob_store: BlobStore) -> None:
+    blobs = [os.urandom(100 + i) for i in range(40)]
+    digests = blob_store.put_many(blobs)
+    blob_store.cache.clear()  # make the backend fetch them
+    got = blob_store.get_many(digests + digests[:3])
+    assert got == dict(zip(digests, blobs))
+    missing = digest_of(b"never stored " + os.urandom(8))
+    with pytest.raises(BlobNotFound):
+        blob_store.get_many([digests[0], missing])
+
+
 def test_put_many_of_nothing_is_a_no_op(blob_store: BlobStore) -> None:
     assert blob_store.put_many([]) == []
     assert list(blob_store.iter_digests()) == []

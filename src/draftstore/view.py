@@ -263,12 +263,27 @@ class View:
                             ignore_case=ignore_case)
         rx = compile_glob(glob) if glob else None
         base = glob_base(glob) if glob else ""
-        get = self._trees.blobs.get
         if base and not self.is_dir(base):
             return SearchResult()
-        files = (
-            (path, (lambda d=st.digest: get(d)))
-            for path, st in self.iter_files(base)
-            if rx is None or rx.match(path)
-        )
-        return searcher.run(files)
+        selected = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
+        return searcher.run(self._prefetched(selected))
+
+    def _prefetched(self, files: Iterator[tuple[str, Digest]], chunk: int = 256) -> Iterator[tuple[str, Any]]:
+        """(path, read) pairs whose contents are fetched a chunk at a time in
+        parallel (one GET per uncached file, overlapped), in path order."""
+        blobs = self._trees.blobs
+        batch: list[tuple[str, Digest]] = []
+        for item in files:
+            batch.append(item)
+            if len(batch) == chunk:
+                yield from self._fetch_batch(blobs, batch)
+                batch = []
+        yield from self._fetch_batch(blobs, batch)
+
+    @staticmethod
+    def _fetch_batch(blobs: Any, batch: list[tuple[str, Digest]]) -> Iterator[tuple[str, Any]]:
+        if not batch:
+            return
+        contents = blobs.get_many([d for _, d in batch])
+        for path, d in batch:
+            yield path, (lambda data=contents[d]: data)

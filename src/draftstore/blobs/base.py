@@ -37,6 +37,8 @@ class BlobStore(Protocol):
 
     def get(self, digest: Digest) -> bytes: ...
 
+    def get_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]: ...
+
     def has(self, digest: Digest) -> bool: ...
 
     def delete(self, digest: Digest) -> None: ...
@@ -119,6 +121,11 @@ class BlobStoreBase:
             )
         self.cache.add(digest, data)
         return data
+
+    def get_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
+        """Several objects, verified, as {digest: bytes}; backends may fetch in
+        parallel. Raises like ``get`` for the first object that fails."""
+        return {Digest(d): self.get(d) for d in digests}
 
     def has(self, digest: Digest) -> bool:
         digest = Digest(digest)

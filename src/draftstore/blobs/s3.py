@@ -361,6 +361,35 @@ class S3BlobStore(BlobStoreBase):
             raise first_error
         return digests
 
+    def get_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
+        """Several objects, verified; the ones not cached are fetched in parallel."""
+        out: dict[Digest, bytes] = {}
+        todo: list[Digest] = []
+        for d in digests:
+            d = Digest(d)
+            if d in out:
+                continue
+            cached = self.cache.get(d)
+            if cached is not None:
+                out[d] = cached
+            elif d not in todo:
+                todo.append(d)
+        if len(todo) <= 1:
+            for d in todo:
+                out[d] = self.get(d)
+            return out
+        futures = [(d, self._executor().submit(self.get, d)) for d in todo]
+        first_error: BaseException | None = None
+        for d, fut in futures:
+            exc = fut.exception()  # waits: nothing is left running when this returns
+            if exc is None:
+                out[d] = fut.result()
+            elif first_error is None:
+                first_error = exc
+        if first_error is not None:
+            raise first_error
+        return out
+
     def close(self) -> None:
         """Stop the upload pool and close the HTTP connections. Idempotent."""
         with self._pool_lock:
