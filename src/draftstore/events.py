@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from typing import Any
 
 from .coord import Coordinator
@@ -35,7 +36,7 @@ class EventPublisher:
     operation that emitted them.
     """
 
-    def __init__(self, coord: Coordinator, max_pending: int = 100_000, linger_s: float = 0.002,
+    def __init__(self, coord: Coordinator, max_pending: int = 100_000, linger_s: float = 0.005,
                  max_batch: int = 500) -> None:
         self.coord = coord
         self.linger_s = linger_s
@@ -83,13 +84,15 @@ class EventPublisher:
         while True:
             item = self._queue.get()
             batch = [item]
-            # gather what arrives within a moment: one round trip for a burst
-            while item is not _STOP and item[0] is not None and len(batch) < self.max_batch:
+            if item is not _STOP and item[0] is not None:
+                # let a burst gather, then take it all: one round trip and one
+                # wake-up per burst instead of per event
+                time.sleep(self.linger_s)
+            while len(batch) < self.max_batch and batch[-1] is not _STOP:
                 try:
-                    item = self._queue.get(timeout=self.linger_s)
+                    batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-                batch.append(item)
             events = [e for e in batch if e is not _STOP and e[0] is not None]
             if events:
                 try:
