@@ -1,4 +1,4 @@
-"""``draftstore`` command line: demo, db upgrade, import/export, log, show, publish, rollback, sweep.
+"""``draftstore`` command line: demo, db upgrade, import/export, log, show, diff, publish, rollback, sweep.
 
 Every command reads the store location from ``DRAFTSTORE_*`` variables (embedded
 defaults under ./.draftstore/ when unset). Errors print their stable code and
@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -34,10 +35,10 @@ def _handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
         try:
             return fn(*args, **kwargs)
         except E.BackendError as exc:
-            err_console.print(f"[red]error[/red] {exc}")
+            err_console.print(f"[red]error[/red] {escape(str(exc))}")
             sys.exit(3)
         except E.DraftstoreError as exc:
-            err_console.print(f"[red]error[/red] {exc}")
+            err_console.print(f"[red]error[/red] {escape(str(exc))}")
             sys.exit(2)
 
     return wrapper
@@ -187,6 +188,30 @@ def show(turn_id: str) -> None:
         for c in t.tool_calls:
             args = c.args_preview if c.args_offloaded else json.dumps(c.args)
             console.print(f"  {c.seq:>4} {c.tool_name} {c.status} {args[:80]}")
+
+
+@main.command("diff")
+@click.argument("a")
+@click.argument("b")
+@click.option("--stat", is_flag=True, help="only the list of changed files")
+@_handle_errors
+def diff(a: str, b: str, stat: bool) -> None:
+    """What changed from state A to state B.
+
+    A state is a version id, draft:<project>, head:<project> or turn:<turn>:start|end.
+    """
+    with _open() as store:
+        d = store.diff(a, b, text=not stat)
+        for f in d.files:
+            moved = f" (from {f.old_path})" if f.old_path else ""
+            console.print(f"{f.status:<9} {f.path}{moved}", soft_wrap=True, highlight=False, markup=False)
+            if f.unified and not stat:
+                console.print(f.unified, soft_wrap=True, highlight=False, markup=False, end="")
+        for name, ops in (("characters", d.characters), ("world_settings", d.world_settings)):
+            if ops:
+                console.print(f"{name}: {json.dumps(ops)}", soft_wrap=True, highlight=False, markup=False)
+        if d.empty:
+            console.print("no changes")
 
 
 @main.command("publish")

@@ -1,0 +1,51 @@
+"""The command line on the embedded default: the demo, diffs, errors with their codes."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {"DRAFTSTORE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    return subprocess.run([sys.executable, "-m", "draftstore.cli", *args], capture_output=True, text=True,
+                          env=env, cwd=home, timeout=120)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+def test_the_demo_walks_the_whole_lifecycle_and_the_log_shows_it(home: Path) -> None:
+    home.mkdir()
+    run = _cli(home, "demo")
+    assert run.returncode == 0, run.stderr
+    out = run.stdout
+    for step in ("started turn 1", "recorded 2 tool calls", "interrupted turn 1", "turn.not_running",
+                 "continued with turn 2", "published version 2", "rolled head back to version 1"):
+        assert step in out
+    project_id = re.search(r"done: project ([0-9a-f]{32})", out).group(1)
+    log = _cli(home, "log", project_id)
+    assert log.returncode == 0, log.stderr
+    assert "rollback" in log.stdout and "publish" in log.stdout and "interrupted" in log.stdout
+
+
+def test_diff_between_versions_and_a_bad_reference_exits_2_with_its_code(home: Path) -> None:
+    home.mkdir()
+    out = _cli(home, "demo").stdout
+    project_id = re.search(r"done: project ([0-9a-f]{32})", out).group(1)
+    from draftstore import Settings, Store
+
+    with Store.open(settings=Settings(home=home)) as store:
+        v1, v2 = (v.id for v in store.list_versions(project_id))
+    diff = _cli(home, "diff", v1, v2)
+    assert diff.returncode == 0, diff.stderr
+    assert "added     game/dragon.py" in diff.stdout and "+print('Hello, Smaug!')" in diff.stdout
+    bad = _cli(home, "diff", "0" * 32, v2)
+    assert bad.returncode == 2
+    assert "[version.not_found]" in bad.stderr
