@@ -541,9 +541,14 @@ class Store:
 
     def _begin_turn(self, project_id: str, user_message: str, require_draft: bool) -> Turn:
         _check_text("user_message", user_message, self.limits.max_message_bytes)
-        with self._tx() as conn:
+        with self._tx(read_only=True) as conn:
             project = self._load_project(conn, project_id)
             draft_id = project.active_draft_id
+            running = conn.execute(
+                sa.select(T.c.id).where(T.c.project_id == project_id, T.c.status == TurnStatus.RUNNING)
+            ).scalar()
+        if running is not None:  # refuse before doing any work (re-checked under the lock below)
+            raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running", turn_id=running)
         if draft_id is None and require_draft:
             raise E.DraftNone(f"project {project_id} has no draft to continue", project_id=project_id)
         if draft_id is not None:
