@@ -1,4 +1,4 @@
-"""The one path validator (DESIGN.md, "Paths and input"), by rule and by property."""
+"""The one path validator (draftstore.paths), by rule and by property."""
 
 from __future__ import annotations
 
