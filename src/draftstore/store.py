@@ -668,18 +668,24 @@ class Store:
             if ended != 1:
                 raise self._not_running(conn, turn_id)  # rolls the draft update back
             project_id = draft.project_id
-        # the JSON state as the turn left it (no write can follow: the turn has ended)
-        state = self._put_state(draft.characters_json, draft.world_settings_json)
+            # the JSON state as the turn left it (no write can follow: the turn has ended)
+            state = self._put_state(draft.characters_json, draft.world_settings_json)
 
-        def record_end(conn: Connection, root: Digest) -> Turn:
-            row = conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root, end_state_digest=state)
-                               .returning(*T.c)).first()
-            calls = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id).order_by(TC.c.seq)).all()
-            return self._turn(row, tuple(self._tool_call(c) for c in calls))
+            def record_end(conn: Connection, root: Digest) -> Turn:
+                row = conn.execute(T.update().where(T.c.id == turn_id).values(end_root=root, end_state_digest=state)
+                                   .returning(*T.c)).first()
+                calls = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id).order_by(TC.c.seq)).all()
+                return self._turn(row, tuple(self._tool_call(c) for c in calls))
 
-        # fold only this turn's writes (revisions below the one taken at its end), so a
-        # turn that starts meanwhile never leaks into this turn's end root
-        root, turn = self._seal_draft(draft.id, upto_revision=draft.revision, then=record_end)
+            # fold only this turn's writes (revisions up to the one taken at its end),
+            # so a turn that starts meanwhile never leaks into this turn's end root
+            overlay = conn.execute(self._sealed_root_and_overlay(draft.id, draft.revision)).all()
+            if all(r.path is None for r in overlay):  # nothing written: the end is the sealed root
+                root = Digest(overlay[0].code_manifest_key)
+                turn = record_end(conn, root)
+        if any(r.path is not None for r in overlay):
+            root, turn = self._seal_draft(draft.id, upto_revision=draft.revision, then=record_end,
+                                          preloaded=overlay)
         try:
             self.coord.forget(f"turn:{turn_id}")
         except E.DraftstoreError:
@@ -926,6 +932,7 @@ class Store:
         *,
         upto_revision: int | None = None,
         then: Callable[[Connection, Digest], Any] | None = None,
+        preloaded: list[Any] | None = None,
     ) -> Any:
         """Fold the draft's overlay into tree objects; returns the new sealed root.
 
@@ -936,18 +943,15 @@ class Store:
         only rows written at or below that draft revision. ``then(conn, root)``
         runs inside the transaction that commits the root (or in its own when
         there is nothing to fold); with it, returns ``(root, then's result)``.
+        ``preloaded``: the rows of ``_sealed_root_and_overlay``, already read.
         """
-        stmt = (
-            sa.select(D.c.code_manifest_key, C.c.path, C.c.digest, C.c.size, C.c.revision)
-            .select_from(D.outerjoin(C, sa.and_(
-                C.c.draft_id == D.c.id,
-                sa.true() if upto_revision is None else C.c.revision <= upto_revision,
-            )))
-            .where(D.c.id == draft_id)
-        )
+        stmt = self._sealed_root_and_overlay(draft_id, upto_revision)
         for _ in range(50):
-            with self._statement(read_only=True) as conn:  # root and overlay from one snapshot
-                found = conn.execute(stmt).all()
+            if preloaded is not None:
+                found, preloaded = preloaded, None
+            else:
+                with self._statement(read_only=True) as conn:  # root and overlay from one snapshot
+                    found = conn.execute(stmt).all()
             if not found:
                 raise E.DraftNone(f"no draft {draft_id!r}")
             old = Digest(found[0].code_manifest_key)
@@ -979,6 +983,18 @@ class Store:
             return new if then is None else (new, result)
         raise E.DraftBusy(f"draft {draft_id} kept changing while sealing", draft_id=draft_id)
 
+    @staticmethod
+    def _sealed_root_and_overlay(draft_id: str, upto_revision: int | None = None) -> Any:
+        """The draft's sealed root with its overlay rows (one row with path NULL if none)."""
+        return (
+            sa.select(D.c.code_manifest_key, C.c.path, C.c.digest, C.c.size, C.c.revision)
+            .select_from(D.outerjoin(C, sa.and_(
+                C.c.draft_id == D.c.id,
+                sa.true() if upto_revision is None else C.c.revision <= upto_revision,
+            )))
+            .where(D.c.id == draft_id)
+        )
+
     # ------------------------------------------------------------------ publish
     def publish(self, project_id: str, summary: str = "", *, force: bool = False, actor: str | None = None) -> Version:
         """Turn the active draft into a new version and make it head; clears the draft.
@@ -993,7 +1009,11 @@ class Store:
         now = utcnow()
         with self._tx() as conn:
             project = self._load_project(conn, project_id, lock=True)
-            draft = self._active_draft(conn, project, lock=True)
+            draft = None
+            if project.active_draft_id is not None:
+                stmt = sa.select(D, sa.exists().where(C.c.draft_id == D.c.id).label("unsealed")).where(
+                    D.c.id == project.active_draft_id)
+                draft = conn.execute(stmt if self._sqlite else stmt.with_for_update(of=D)).first()
             if draft is None:
                 raise E.DraftNone(f"project {project_id} has no draft to publish", project_id=project_id)
             if draft.status in (DraftStatus.RUNNING, DraftStatus.PUBLISHING):
@@ -1009,7 +1029,7 @@ class Store:
                     draft_id=draft.id, base_version_id=draft.base_version_id,
                     head_version_id=project.current_version_id,
                 )
-            unsealed = conn.execute(sa.select(sa.exists().where(C.c.draft_id == draft.id))).scalar()
+            unsealed = draft.unsealed
             if not unsealed:
                 # the common case (turn ends seal the draft): everything in this one transaction
                 version = self._finish_publish(conn, project, draft, summary, actor, now)
