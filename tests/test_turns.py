@@ -373,6 +373,7 @@ def test_the_sweep_interrupts_a_turn_whose_heartbeat_lapsed(store_factory):
 
     # within the TTL the turn is alive: the sweep leaves it alone
     # (the real stack shares one database between tests: look only at what is ours)
+    worker.heartbeat(dead.id)  # a live worker beats; a slow machine must not make it look dead
     sweeper.sweep()
     assert worker.get_turn(dead.id).status == "running"
     time.sleep(0.6)

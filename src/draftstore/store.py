@@ -16,6 +16,7 @@ import json
 import logging
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -32,7 +33,7 @@ from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
 from .db.queries import C, D, P, T, TC, V, OneShot, Queries
 from .db.tables import HeadMoveRow, utcnow
-from .digest import EMPTY_TREE, Digest
+from .digest import EMPTY_TREE, Digest, digest_of
 from .events import EventPublisher
 from .paths import normalize_path, parent_dirs
 from .records import (
@@ -127,6 +128,8 @@ class Store:
             engine.url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None)
         self._events = EventPublisher(coord)
+        # uploads that overlap a transaction (which commits only once they are done)
+        self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
         self._tool_started = OneShot(self.q.tool_started, self._autocommit)
         self._tool_completed = OneShot(self.q.tool_completed, self._autocommit)
         self._tool_failed = OneShot(self.q.tool_failed, self._autocommit)
@@ -179,6 +182,7 @@ class Store:
         return cls.open()
 
     def close(self) -> None:
+        self._uploads.shutdown(wait=True)
         self._events.close()
         if self._autocommit is not self.engine:
             self._autocommit.dispose()
@@ -846,11 +850,20 @@ class Store:
             return
         self._check_batch_shape(changes)
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
-        if len(writes) == 1:
-            stored = {writes[0][0]: (self.blobs.put(writes[0][1]), len(writes[0][1]))}
-        else:
-            digests = self.blobs.put_many([v for _, v in writes])
-            stored = {p: (d, len(v)) for (p, v), d in zip(writes, digests)}
+        stored = {p: (digest_of(v), len(v)) for p, v in writes}
+        # the upload runs while the transaction does its checks; the transaction
+        # commits only after every blob is stored (a row never names a missing blob)
+        upload = self._uploads.submit(self.blobs.put_many, [v for _, v in writes]) if writes else None
+        try:
+            self._apply_rows(turn_id, changes, stored, upload)
+        finally:
+            if upload is not None and not upload.done():
+                upload.cancel() or upload.exception()  # never leave an upload running past the call
+        self._emit(f"turn:{turn_id}", "draft.changed",
+                   {"turn_id": turn_id, "paths": sorted(changes)[:100]})
+
+    def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, tuple[Digest, int]],
+                    upload: Any) -> None:
         with self._tx() as conn:
             draft, overlay = self._lock_draft_with_overlay(conn, turn_id, list(changes))
             state = _MergedState(self.trees, Digest(draft.code_manifest_key), overlay)
@@ -890,8 +903,8 @@ class Store:
             conn.execute(self.q.upsert_overlay, rows)
             if delta:
                 conn.execute(self.q.add_file_count, {"draft_id": draft.id, "delta": delta})
-        self._emit(f"turn:{turn_id}", "draft.changed",
-                   {"turn_id": turn_id, "revision": draft.revision, "paths": sorted(changes)[:100]})
+            if upload is not None:
+                upload.result()  # raises the upload's error, which rolls the transaction back
 
     # ------------------------------------------------------- characters, world
     def patch_characters(self, turn_id: str, patch: Any) -> Any:
