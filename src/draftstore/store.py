@@ -977,12 +977,17 @@ class Store:
             changes: dict[str, FileChange] = {
                 r.path: (None if r.digest is None else (Digest(r.digest), r.size)) for r in rows
             }
-            new, _count = self.trees.seal(old, changes)
+            plan = self.trees.plan(old, changes)
+            new = plan.root
+            # tree objects upload while the transaction does its work; it commits
+            # only once they are stored, so a committed root is always complete
+            upload = self._uploads.submit(self.trees.store, plan)
             with self._tx() as conn:
                 res = conn.execute(
                     D.update().where(D.c.id == draft_id, D.c.code_manifest_key == old).values(code_manifest_key=new)
                 )
                 if res.rowcount != 1:
+                    upload.exception()  # let it settle; stray objects are harmless
                     continue  # another sealer moved the root first: redo on top of it
                 conn.execute(
                     C.delete().where(
@@ -993,6 +998,7 @@ class Store:
                     [{"p": r.path, "r": r.revision} for r in rows],
                 )
                 result = then(conn, new) if then is not None else None
+                upload.result()  # raises the upload's error, which rolls the transaction back
             return new if then is None else (new, result)
         raise E.DraftBusy(f"draft {draft_id} kept changing while sealing", draft_id=draft_id)
 

@@ -23,7 +23,7 @@ from .blobs import BlobStore, ObjectCache
 from .digest import EMPTY_TREE, Digest, digest_of
 from .errors import IntegrityError
 
-__all__ = ["Entry", "encode_tree", "decode_tree", "TreeReader", "FileChange"]
+__all__ = ["Entry", "encode_tree", "decode_tree", "TreeReader", "FileChange", "SealPlan"]
 
 _HEADER = b"tree 1\n"
 
@@ -74,6 +74,15 @@ def decode_tree(data: bytes) -> dict[str, Entry]:
 def _tree_size(entries: Mapping[str, Entry]) -> int:
     # approximate memory of a decoded node, for the cache budget
     return 120 + 160 * len(entries)
+
+
+@dataclass(frozen=True)
+class SealPlan:
+    """New root, files under it, and the new tree objects (bytes, decoded) to store."""
+
+    root: Digest
+    files: int
+    nodes: list[tuple[bytes, dict[str, Entry]]]
 
 
 class TreeReader:
@@ -140,18 +149,31 @@ class TreeReader:
         directories left empty disappear. Callers guarantee no file/dir clash
         (the store checks that at write time).
         """
+        plan = self.plan(root, changes)
+        self.store(plan)
+        return plan.root, plan.files
+
+    def plan(self, root: Digest, changes: Mapping[str, FileChange]) -> "SealPlan":
+        """The new tree objects ``seal`` would write, computed without I/O
+        beyond reading existing nodes. Nothing may refer to ``plan.root``
+        before ``store(plan)`` has returned."""
         if not changes:
-            return root, self.count(root)
+            return SealPlan(root, self.count(root), [])
         new_nodes: list[tuple[bytes, dict[str, Entry]]] = []
         top = [(p.split("/"), c) for p, c in changes.items()]
         result = self._apply(root, top, new_nodes)
         if result is None:
             new_nodes.append((encode_tree({}), {}))
             result = (EMPTY_TREE, 0)
-        self.blobs.put_many([data for data, _ in new_nodes])
-        for data, node in new_nodes:
+        return SealPlan(result[0], result[1], new_nodes)
+
+    def store(self, plan: "SealPlan") -> None:
+        """Upload a plan's tree objects (in parallel); cache them once stored."""
+        if not plan.nodes:
+            return
+        self.blobs.put_many([data for data, _ in plan.nodes])
+        for data, node in plan.nodes:
             self.cache.add("tree:" + digest_of(data), node, _tree_size(node))
-        return result
 
     def _apply(
         self,
