@@ -50,7 +50,7 @@ from .records import (
 )
 from .settings import Limits, Settings
 from .trees import FileChange, TreeReader
-from .view import OverlayEntry, View
+from .view import OverlayEntry, View, merged_file, merged_is_dir, overlay_entry
 
 __all__ = ["Store"]
 
@@ -198,49 +198,45 @@ class Store:
 
     # --------------------------------------------------------------- plumbing
     @contextmanager
+    def _db_errors(self) -> Iterator[None]:
+        """The database boundary: driver failures become ``backend.unavailable``
+        (integrity errors are left to callers, who know what they mean)."""
+        try:
+            yield
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
+
+    @contextmanager
     def _tx(self, *, read_only: bool = False) -> Iterator[Connection]:
         """One database transaction; driver errors become typed errors.
 
         ``read_only`` lets SQLite readers run beside a writer (deferred BEGIN).
         """
-        try:
-            with self.engine.connect() as conn:
-                if read_only:
-                    conn.execution_options(draftstore_read_only=True)
-                with conn.begin():
-                    yield conn
-        except E.DraftstoreError:
-            raise
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
+        with self._db_errors(), self.engine.connect() as conn:
+            if read_only:
+                conn.execution_options(draftstore_read_only=True)
+            with conn.begin():
+                yield conn
 
     @contextmanager
     def _statement(self, *, read_only: bool = False) -> Iterator[Connection]:
         """A connection for ONE statement, atomic on its own (autocommit where it helps)."""
-        try:
-            with self._autocommit.connect() as conn:
-                if self._sqlite:
-                    if read_only:
-                        conn.execution_options(draftstore_read_only=True)
-                    with conn.begin():
-                        yield conn
-                else:
-                    yield conn
-        except E.DraftstoreError:
-            raise
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
+        with self._db_errors(), self._autocommit.connect() as conn:
+            if not self._sqlite:
+                yield conn
+                return
+            if read_only:
+                conn.execution_options(draftstore_read_only=True)
+            with conn.begin():
+                yield conn
 
     def _one(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
-        """Run a prebuilt single statement; driver errors become typed errors
-        (integrity errors are left to the caller, who knows what they mean)."""
-        try:
+        """Run a prebuilt single statement; driver errors become typed errors."""
+        with self._db_errors():
             return stmt.run(params)
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
 
-    def _for_update(self, stmt: sa.Select) -> sa.Select:
-        return stmt if self._sqlite else stmt.with_for_update()
+    def _for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:
+        return stmt if self._sqlite else stmt.with_for_update(of=of)
 
     def _emit(self, stream: str, type: str, data: dict[str, Any]) -> None:
         # events are a convenience (rebuildable from rows): queued, never waited for
@@ -314,7 +310,7 @@ class Store:
         rows = conn.execute(self.q.status_and_overlay(len(paths) if targeted else None), params).all()
         if not rows or rows[0].status != TurnStatus.RUNNING:
             raise self._not_running(conn, turn_id)
-        overlay = {r.path: (None if r.digest is None else (Digest(r.digest), r.size)) for r in rows if r.path is not None}
+        overlay = {r.path: overlay_entry(r.digest, r.size) for r in rows if r.path is not None}
         return draft, overlay
 
     def _check_json_state(self, name: str, value: Any) -> str:
@@ -975,7 +971,7 @@ class Store:
                 with self._tx() as conn:
                     return old, then(conn, old)
             changes: dict[str, FileChange] = {
-                r.path: (None if r.digest is None else (Digest(r.digest), r.size)) for r in rows
+                r.path: overlay_entry(r.digest, r.size) for r in rows
             }
             plan = self.trees.plan(old, changes)
             new = plan.root
@@ -1032,7 +1028,7 @@ class Store:
             if project.active_draft_id is not None:
                 stmt = sa.select(D, sa.exists().where(C.c.draft_id == D.c.id).label("unsealed")).where(
                     D.c.id == project.active_draft_id)
-                draft = conn.execute(stmt if self._sqlite else stmt.with_for_update(of=D)).first()
+                draft = conn.execute(self._for_update(stmt, of=D)).first()
             if draft is None:
                 raise E.DraftNone(f"project {project_id} has no draft to publish", project_id=project_id)
             if draft.status in (DraftStatus.RUNNING, DraftStatus.PUBLISHING):
@@ -1165,7 +1161,7 @@ class Store:
         if head is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         if head.draft_id is not None and head.d_root is not None:
-            overlay = {r.path: (None if r.digest is None else (Digest(r.digest), r.size))
+            overlay = {r.path: overlay_entry(r.digest, r.size)
                        for r in rows if r.part == 1}
             return View(trees=self.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
                         overlay=overlay, characters=loads(head.d_chars), world_settings=loads(head.d_world),
@@ -1293,20 +1289,7 @@ class _MergedState:
         self.overlay[path] = value
 
     def file(self, path: str) -> OverlayEntry:
-        if path in self.overlay:
-            return self.overlay[path]
-        e = self.trees.lookup(self.root, path)
-        return None if e is None or e.is_dir else (e.digest, e.size)
+        return merged_file(self.trees, self.root, self.overlay, path)
 
     def is_dir(self, path: str) -> bool:
-        prefix = path + "/"
-        below = {p: v for p, v in self.overlay.items() if p.startswith(prefix)}
-        if any(v is not None for v in below.values()):
-            return True
-        d = self.trees.dir_digest(self.root, path)
-        if d is None:
-            return False
-        deleted = {p for p, v in below.items() if v is None}
-        if not deleted:
-            return True
-        return any(p not in deleted for p, _ in self.trees.walk(d, prefix))
+        return merged_is_dir(self.trees, self.root, self.overlay, path)

@@ -20,10 +20,32 @@ from .search import Searcher, SearchResult, compile_glob, glob_base
 from .settings import Limits
 from .trees import Entry, TreeReader
 
-__all__ = ["View", "FileStat", "DirEntry", "PathList", "OverlayEntry"]
+__all__ = ["View", "FileStat", "DirEntry", "PathList", "OverlayEntry", "overlay_entry", "merged_file", "merged_is_dir"]
 
 # overlay value: (digest, size) of the new content, or None for a deletion
 OverlayEntry = tuple[Digest, int] | None
+
+
+def overlay_entry(digest: str | None, size: int) -> OverlayEntry:
+    """An overlay row's value: the new file (digest, size), or None for a deletion."""
+    return None if digest is None else (Digest(digest), size)
+
+
+def merged_file(trees: TreeReader, root: Digest, overlay: Mapping[str, OverlayEntry], path: str) -> OverlayEntry:
+    """The file at canonical ``path`` in ``root + overlay``, or None."""
+    if path in overlay:
+        return overlay[path]
+    entry = trees.lookup(root, path)
+    return None if entry is None or entry.is_dir else (entry.digest, entry.size)
+
+
+def merged_is_dir(trees: TreeReader, root: Digest, overlay: Mapping[str, OverlayEntry], path: str) -> bool:
+    """True if canonical ``path`` holds at least one file in ``root + overlay``."""
+    prefix = path + "/"
+    if any(v is not None and p.startswith(prefix) for p, v in overlay.items()):
+        return True
+    d = trees.dir_digest(root, path)
+    return d is not None and any(p not in overlay for p, _ in trees.walk(d, prefix))
 
 
 @dataclass(frozen=True)
@@ -100,12 +122,7 @@ class View:
 
     # -- single files ------------------------------------------------------
     def _file(self, path: str) -> tuple[Digest, int] | None:
-        if path in self._overlay:
-            return self._overlay[path]
-        entry = self._trees.lookup(self.root, path)
-        if entry is None or entry.is_dir:
-            return None
-        return entry.digest, entry.size
+        return merged_file(self._trees, self.root, self._overlay, path)
 
     def stat(self, path: str) -> FileStat:
         """Size and digest of a file. Raises ``path.not_found``, ``path.denied``."""
@@ -171,22 +188,7 @@ class View:
 
     def is_dir(self, path: str) -> bool:
         d = normalize_dir(path, self._limits)
-        if d == "":
-            return True
-        prefix = d + "/"
-        if any(v is not None and p.startswith(prefix) for p, v in self._overlay.items()):
-            return True
-        if self._trees.dir_digest(self.root, d) is None:
-            return False
-        return any(True for _ in self._walk_dir(d))
-
-    def _walk_dir(self, d: str) -> Iterator[str]:
-        digest = self._trees.dir_digest(self.root, d)
-        if digest is None:
-            return
-        for path, _ in self._trees.walk(digest, d + "/"):
-            if path not in self._overlay:
-                yield path
+        return d == "" or merged_is_dir(self._trees, self.root, self._overlay, d)
 
     def list_dir(self, path: str = "") -> list[DirEntry]:
         """Entries of directory ``path`` ('' is the root), sorted by name.
