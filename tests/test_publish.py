@@ -45,7 +45,7 @@ def test_publishing_a_draft_makes_a_new_head_version(store):
 
     assert (v2.number, v2.parent_version_id, v2.summary) == (2, v1.id, "add feature")
     assert v2.created_by_turn_id == t.id and v2.created_by == "admin@example"
-    assert v2.code_manifest_key == store.get_turn(t.id).end_root
+    assert v2.root == store.get_turn(t.id).end_root
     assert v2.file_count == 2 and v2.characters == {"hero": "Ada"}
     project = store.get_project(p.id)
     assert project.current_version_id == v2.id and project.active_draft_id is None
@@ -83,7 +83,7 @@ def test_a_new_turn_after_publish_starts_a_fresh_draft_from_the_new_head(store):
     v2 = store.publish(p.id)
     t = store.start_turn(p.id, "next feature")
     draft = store.get_draft(p.id)
-    assert draft.base_version_id == v2.id and t.start_root == v2.code_manifest_key
+    assert draft.base_version_id == v2.id and t.start_root == v2.root
     assert t.continues_turn_id is None
 
 
@@ -260,7 +260,7 @@ def test_an_old_version_can_be_forked_into_a_new_project(store):
     fork = store.fork_project(v1.id, "demo, the old way")
     assert fork.id != p.id and fork.forked_from_version_id == v1.id
     fv = store.get_version(fork.current_version_id)
-    assert fv.number == 1 and fv.code_manifest_key == v1.code_manifest_key and fv.characters == {"c": 1}
+    assert fv.number == 1 and fv.root == v1.root and fv.characters == {"c": 1}
     assert store.view(fork.id).read_text("main.py") == "v1\n"
     # the original is untouched and the two evolve apart
     edit_and_publish(store, fork.id, "fork.py", "only here\n")

@@ -23,6 +23,7 @@ from draftstore import (
     DraftstoreError,
     Settings,
     Store,
+    ToolCallAlreadyFinished,
     ToolCallNotFound,
     ToolCallNotStarted,
     TurnAlreadyRunning,
@@ -102,10 +103,11 @@ def test_completing_a_tool_call_twice_is_refused(store):
     t = store.start_turn(p.id, "x")
     call = store.tool_started(t.id, "view_file", {"path": "main.py"})
     store.tool_completed(t.id, call.seq, "first")
-    with pytest.raises(ToolCallNotStarted) as exc:
+    with pytest.raises(ToolCallAlreadyFinished) as exc:
         store.tool_completed(t.id, call.seq, "second")
-    assert exc.value.code == "toolcall.not_started"
-    with pytest.raises(ToolCallNotStarted):
+    assert exc.value.code == "toolcall.already_finished"
+    assert isinstance(exc.value, ToolCallNotStarted)  # callers that caught the older, wider error still do
+    with pytest.raises(ToolCallAlreadyFinished):
         store.tool_failed(t.id, call.seq, "too late")
     with pytest.raises(ToolCallNotFound) as missing:
         store.tool_completed(t.id, 99, "never started")
@@ -118,28 +120,28 @@ def test_each_turn_records_its_start_and_end_root(store):
     p = new_project(store)
     head = store.get_version(p.current_version_id)
     t1 = store.start_turn(p.id, "one")
-    assert t1.start_root == head.code_manifest_key and t1.end_root is None
+    assert t1.start_root == head.root and t1.end_root is None
     store.write_file(t1.id, "a.py", "a = 1\n")
     t1 = store.complete_turn(t1.id, "wrote a.py")
     draft = store.get_draft(p.id)
-    assert t1.end_root == draft.code_manifest_key != head.code_manifest_key
+    assert t1.end_root == draft.root != head.root
 
     t2 = store.continue_turn(p.id, "two")
     assert t2.start_root == t1.end_root
     assert t2.continues_turn_id == t1.id and t2.number == 2
     store.delete_file(t2.id, "a.py")
     t2 = store.interrupt_turn(t2.id)
-    assert t2.end_root == store.get_draft(p.id).code_manifest_key == head.code_manifest_key
+    assert t2.end_root == store.get_draft(p.id).root == head.root
 
     version = store.publish(p.id, "nothing changed in the end")
-    assert version.code_manifest_key == t2.end_root
+    assert version.root == t2.end_root
 
 
 def test_a_turn_without_writes_ends_at_its_start_root(store):
     p = new_project(store)
     t = store.start_turn(p.id, "just look")
     t = store.complete_turn(t.id, "looked")
-    assert t.end_root == t.start_root == store.get_version(p.current_version_id).code_manifest_key
+    assert t.end_root == t.start_root == store.get_version(p.current_version_id).root
 
 
 # -- one running turn per project -------------------------------------------------------------
@@ -252,7 +254,7 @@ def test_an_interrupted_turn_can_be_continued_by_another_os_process(store, stack
     assert [(x.seq, x.status) for x in new.tool_calls] == [(1, "completed")]
     view = store.view(p.id)
     assert view.list_files() == ["main.py", "one.py", "two.py"] and view.read_text("two.py") == "two = 2\n"
-    assert new.end_root == store.get_draft(p.id).code_manifest_key
+    assert new.end_root == store.get_draft(p.id).root
 
 
 # -- a late write from a worker presumed dead is refused ------------------------------------------
@@ -338,7 +340,7 @@ def test_the_database_refuses_a_second_open_draft_for_a_project(store):
     draft = store.get_draft(p.id)
     now = utcnow()
     row = dict(project_id=p.id, base_version_id=p.current_version_id, status="paused",
-               code_manifest_key=draft.code_manifest_key, file_count=1, characters_json="{}",
+               code_manifest_key=draft.root, file_count=1, characters_json="{}",
                world_settings_json="{}", revision=0, status_changed_at=now, created_at=now)
     with pytest.raises(sa.exc.IntegrityError):
         with store.engine.begin() as conn:
@@ -357,7 +359,7 @@ def test_the_database_refuses_a_second_running_turn_for_a_project(store):
         with store.engine.begin() as conn:
             conn.execute(T.insert().values(
                 id="d" * 32, project_id=p.id, draft_id=t.draft_id, number=2, status="running",
-                user_message="sneaky", started_at=utcnow(),
+                user_message_json="sneaky", started_at=utcnow(),
             ))
     assert [x.id for x in store.list_turns(p.id)] == [t.id]
 
@@ -382,7 +384,7 @@ def test_the_sweep_interrupts_a_turn_whose_heartbeat_lapsed(store_factory):
     assert counts["turns_reaped"] >= 1
     turn = sweeper.get_turn(dead.id)
     assert turn.status == "interrupted"
-    assert turn.end_root == sweeper.get_draft(p.id).code_manifest_key
+    assert turn.end_root == sweeper.get_draft(p.id).root
     assert sweeper.view(p.id).read_text("half.py") == "half = True\n"
     with pytest.raises(TurnNotRunning):
         worker.write_file(dead.id, "late.py", "no\n")

@@ -387,7 +387,7 @@ def test_every_write_acknowledged_before_the_turn_ends_is_in_its_end_root(store)
 
     assert refused and len(acknowledged) > 20
     view = store.view(p.id)
-    assert view.root == ended.end_root == store.get_draft(p.id).code_manifest_key
+    assert view.root == ended.end_root == store.get_draft(p.id).root
     assert view.list_files() == acknowledged
     assert store.publish(p.id).file_count == len(acknowledged)
 

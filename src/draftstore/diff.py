@@ -16,13 +16,12 @@ from typing import Any
 import jsonpatch
 
 from .digest import Digest
-from .trees import Entry, TreeReader
+from .trees import Entry, FileEntry, TreeReader
 from .view import View
 
 __all__ = ["FileDiff", "Diff", "diff_views", "MAX_TEXT_DIFF_BYTES"]
 
 MAX_TEXT_DIFF_BYTES = 1024 * 1024
-_File = tuple[Digest, int] | None
 
 
 @dataclass(frozen=True)
@@ -63,7 +62,7 @@ class _TreeDiff:
     def __init__(self, trees: TreeReader) -> None:
         self.trees = trees
         self.nodes = 0
-        self.changes: dict[str, tuple[_File, _File]] = {}
+        self.changes: dict[str, tuple[FileEntry | None, FileEntry | None]] = {}
 
     def run(self, a: Digest, b: Digest, prefix: str = "") -> None:
         if a == b:
@@ -87,7 +86,7 @@ class _TreeDiff:
         items = self.trees.walk(e.digest, path + "/") if e.is_dir else [(path, e)]
         for p, f in items:
             before, after = self.changes.get(p, (None, None))
-            value = (f.digest, f.size)
+            value = FileEntry(f.digest, f.size)
             self.changes[p] = (value, after) if old else (before, value)
 
 
@@ -102,12 +101,12 @@ def _text(data: bytes) -> str | None:
 
 def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = True) -> Diff:
     """What changed from state ``a`` to state ``b``. Reads only changed objects."""
-    trees = a._trees
+    trees = a.trees
     td = _TreeDiff(trees)
     td.run(a.root, b.root)
     changes = td.changes
-    for path in a._overlay.keys() | b._overlay.keys():
-        old, new = a._file(path), b._file(path)
+    for path in a.overlay.keys() | b.overlay.keys():
+        old, new = a.file(path), b.file(path)
         if old == new:
             changes.pop(path, None)
         else:
@@ -138,13 +137,14 @@ def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = Tr
         files.append(_file_diff(trees, path, status, old, new, text))
     return Diff(
         files=files,
-        characters=jsonpatch.make_patch(a._characters, b._characters).patch,
-        world_settings=jsonpatch.make_patch(a._world_settings, b._world_settings).patch,
+        characters=jsonpatch.make_patch(a.characters, b.characters).patch,
+        world_settings=jsonpatch.make_patch(a.world_settings, b.world_settings).patch,
         nodes_visited=td.nodes,
     )
 
 
-def _file_diff(trees: TreeReader, path: str, status: str, old: _File, new: _File, text: bool) -> FileDiff:
+def _file_diff(trees: TreeReader, path: str, status: str, old: FileEntry | None, new: FileEntry | None,
+               text: bool) -> FileDiff:
     base = dict(path=path, status=status, old_digest=old[0] if old else None, new_digest=new[0] if new else None,
                 old_size=old[1] if old else None, new_size=new[1] if new else None)
     if not text or max(old[1] if old else 0, new[1] if new else 0) > MAX_TEXT_DIFF_BYTES:

@@ -22,11 +22,13 @@ Tree (code in brackets)::
     │   ├── ToolCallNotFound   [toolcall.not_found]
     │   ├── PathNotFound       [path.not_found]
     │   ├── DraftNone          [draft.none]
+    │   ├── StateNotFound      [state.not_found]
     │   └── BlobNotFound       [blob.not_found]
     ├── StateConflict                    the state moved; retry or decide
     │   ├── TurnNotRunning     [turn.not_running]
     │   ├── TurnAlreadyRunning [turn.already_running]
     │   ├── ToolCallNotStarted [toolcall.not_started]
+    │   │   └── ToolCallAlreadyFinished [toolcall.already_finished]
     │   ├── DraftConflict      [draft.conflict]
     │   ├── DraftBusy          [draft.busy]
     │   ├── PathConflict       [path.conflict]
@@ -58,11 +60,13 @@ __all__ = [
     "ToolCallNotFound",
     "PathNotFound",
     "DraftNone",
+    "StateNotFound",
     "BlobNotFound",
     "StateConflict",
     "TurnNotRunning",
     "TurnAlreadyRunning",
     "ToolCallNotStarted",
+    "ToolCallAlreadyFinished",
     "DraftConflict",
     "DraftBusy",
     "PathConflict",
@@ -148,6 +152,13 @@ class DraftNone(NotFound):
     code = "draft.none"
 
 
+class StateNotFound(NotFound):
+    """A state reference that names nothing recorded (e.g. the end of a turn
+    that an older release rolled back without recording it)."""
+
+    code = "state.not_found"
+
+
 class BlobNotFound(NotFound):
     code = "blob.not_found"
 
@@ -166,6 +177,12 @@ class TurnAlreadyRunning(StateConflict):
 
 class ToolCallNotStarted(StateConflict):
     code = "toolcall.not_started"
+
+
+class ToolCallAlreadyFinished(ToolCallNotStarted):
+    """Completing or failing a call that already completed or failed."""
+
+    code = "toolcall.already_finished"
 
 
 class DraftConflict(StateConflict):

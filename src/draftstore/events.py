@@ -26,6 +26,7 @@ __all__ = ["EventPublisher"]
 log = logging.getLogger("draftstore.events")
 
 _STOP = object()
+_EXPIRE = object()  # queue item (_EXPIRE, stream, ttl_s)
 
 
 class EventPublisher:
@@ -62,6 +63,15 @@ class EventPublisher:
             self.dropped += 1
             log.warning("event %s on %s dropped: %d events already pending", type, stream, self._queue.qsize())
 
+    def expire(self, stream: str, ttl_s: float) -> None:
+        """Let ``stream``'s buffer expire ``ttl_s`` from when its queued events are
+        appended (queued behind them, so the expiry covers the last event too)."""
+        self._ensure_thread()
+        try:
+            self._queue.put_nowait((_EXPIRE, stream, ttl_s))
+        except queue.Full:
+            log.warning("expiry of %s dropped: %d events already pending", stream, self._queue.qsize())
+
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every event queued before this call is appended (or dropped)."""
         if self._thread is None:
@@ -84,7 +94,7 @@ class EventPublisher:
         while True:
             item = self._queue.get()
             batch = [item]
-            if item is not _STOP and item[0] is not None:
+            if item is not _STOP and isinstance(item[0], str):
                 # let a burst gather, then take it all: one round trip and one
                 # wake-up per burst instead of per event
                 time.sleep(self.linger_s)
@@ -93,16 +103,35 @@ class EventPublisher:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            events = [e for e in batch if e is not _STOP and e[0] is not None]
-            if events:
-                try:
-                    self.coord.append_many(events)
-                except DraftstoreError as exc:
-                    log.warning("%d events not buffered: %s", len(events), exc)
-                except Exception:  # never let one bad batch kill the publisher
-                    log.exception("%d events not buffered", len(events))
+            pending: list[tuple[str, str, dict[str, Any]]] = []
             for e in batch:
-                if e is _STOP:
-                    return
-                if e[0] is None:
-                    e[2].set()
+                if e is _STOP or e[0] is None or e[0] is _EXPIRE:
+                    self._append(pending)
+                    pending = []
+                    if e is _STOP:
+                        return
+                    if e[0] is None:
+                        e[2].set()
+                    else:
+                        self._expire(e[1], e[2])
+                else:
+                    pending.append(e)
+            self._append(pending)
+
+    def _append(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
+        if not events:
+            return
+        try:
+            self.coord.append_many(events)
+        except DraftstoreError as exc:
+            log.warning("%d events not buffered: %s", len(events), exc)
+        except Exception:  # never let one bad batch kill the publisher
+            log.exception("%d events not buffered", len(events))
+
+    def _expire(self, stream: str, ttl_s: float) -> None:
+        try:
+            self.coord.expire(stream, ttl_s)
+        except DraftstoreError as exc:
+            log.warning("stream %s left without expiry: %s", stream, exc)
+        except Exception:
+            log.exception("stream %s left without expiry", stream)

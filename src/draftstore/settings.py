@@ -56,7 +56,9 @@ class Settings(BaseSettings):
         None, description="file:///path or s3://bucket?endpoint_url=..&region=..; default .draftstore/blobs"
     )
     coord_url: str | None = Field(
-        None, description="memory:// or redis://host:port/db; default memory://"
+        None,
+        description="redis://host:port/db, sqlite:///path or memory://; default: a SQLite file beside a "
+        "SQLite database (shared by every process on that data), else memory://",
     )
     home: Path = Field(DEFAULT_HOME, description="root of the embedded defaults")
     cache_bytes: int = Field(
@@ -69,6 +71,9 @@ class Settings(BaseSettings):
     publishing_stuck_s: float = Field(
         300.0, description="a draft publishing for longer is released by the recovery sweep"
     )
+    event_ttl_s: float = Field(
+        3600.0, description="a turn's event buffer is dropped this long after the turn ends"
+    )
     limits: Limits = Field(default_factory=Limits)
 
     def resolved_database_url(self) -> str:
@@ -78,4 +83,13 @@ class Settings(BaseSettings):
         return self.blob_url or f"file://{(self.home / 'blobs').absolute()}"
 
     def resolved_coord_url(self) -> str:
-        return self.coord_url or "memory://"
+        """The coordinator: as configured; else, for a SQLite database, a SQLite
+        file beside it (``<db>.coord``), so every process and every store on the
+        same embedded data shares heartbeats, locks and events; else in-process."""
+        if self.coord_url:
+            return self.coord_url
+        db = self.resolved_database_url()
+        if db.startswith("sqlite:///") and ":memory:" not in db and "mode=memory" not in db:
+            path = db[len("sqlite:///"):].split("?", 1)[0]
+            return f"sqlite:///{path}.coord"
+        return "memory://"

@@ -18,12 +18,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from .blobs import BlobStore, ObjectCache
 from .digest import EMPTY_TREE, Digest, digest_of
 from .errors import IntegrityError
 
-__all__ = ["Entry", "encode_tree", "decode_tree", "TreeReader", "FileChange", "SealPlan"]
+__all__ = ["Entry", "FileEntry", "file_entry", "encode_tree", "decode_tree", "TreeReader", "StagedTree", "SealPlan"]
 
 _HEADER = b"tree 1\n"
 
@@ -42,8 +43,20 @@ class Entry:
         return self.kind == "d"
 
 
-# A change folded into a tree: the new file (digest, size), or None to delete.
-FileChange = tuple[Digest, int] | None
+class FileEntry(NamedTuple):
+    """A file in a state: its content's digest and size in bytes.
+
+    The one type for "a file" across the tree, the staging overlay, views and
+    diffs. Where a change is meant, ``None`` stands for a deletion.
+    """
+
+    digest: Digest
+    size: int
+
+
+def file_entry(digest: str | None, size: int) -> FileEntry | None:
+    """An overlay row's value: the new file, or None for a deletion."""
+    return None if digest is None else FileEntry(Digest(digest), size)
 
 
 def encode_tree(entries: Mapping[str, Entry]) -> bytes:
@@ -139,7 +152,7 @@ class TreeReader:
         return sum(e.size if e.is_dir else 1 for e in self.load(root).values())
 
     # -- writing ------------------------------------------------------------
-    def seal(self, root: Digest, changes: Mapping[str, FileChange]) -> tuple[Digest, int]:
+    def seal(self, root: Digest, changes: Mapping[str, FileEntry | None]) -> tuple[Digest, int]:
         """Fold ``changes`` (canonical path -> new file or None) into ``root``.
 
         Returns (new root, files in it). Only the directories on changed
@@ -153,7 +166,7 @@ class TreeReader:
         self.store(plan)
         return plan.root, plan.files
 
-    def plan(self, root: Digest, changes: Mapping[str, FileChange]) -> "SealPlan":
+    def plan(self, root: Digest, changes: Mapping[str, FileEntry | None]) -> "SealPlan":
         """The new tree objects ``seal`` would write, computed without I/O
         beyond reading existing nodes. Nothing may refer to ``plan.root``
         before ``store(plan)`` has returned."""
@@ -178,11 +191,11 @@ class TreeReader:
     def _apply(
         self,
         digest: Digest | None,
-        changes: list[tuple[list[str], FileChange]],
+        changes: list[tuple[list[str], FileEntry | None]],
         new_nodes: list[tuple[bytes, dict[str, Entry]]],
     ) -> tuple[Digest, int] | None:
         entries = dict(self.load(digest)) if digest is not None else {}
-        nested: dict[str, list[tuple[list[str], FileChange]]] = defaultdict(list)
+        nested: dict[str, list[tuple[list[str], FileEntry | None]]] = defaultdict(list)
         for parts, change in changes:
             name = parts[0]
             if len(parts) > 1:
@@ -208,3 +221,37 @@ class TreeReader:
         new_nodes.append((data, entries))
         files = sum(e.size if e.is_dir else 1 for e in entries.values())
         return digest_of(data), files
+
+
+class StagedTree:
+    """A sealed tree with staged changes on top: ``root + overlay``.
+
+    ``overlay`` maps canonical paths to the new file, or None for a deletion.
+    Answers "which file is at this path" and "is this a directory" for the
+    merged state without materialising it: O(depth) node reads per lookup.
+    """
+
+    __slots__ = ("trees", "root", "overlay")
+
+    def __init__(self, trees: TreeReader, root: Digest, overlay: dict[str, FileEntry | None]) -> None:
+        self.trees = trees
+        self.root = root
+        self.overlay = overlay
+
+    def stage(self, path: str, entry: FileEntry | None) -> None:
+        self.overlay[path] = entry
+
+    def file(self, path: str) -> FileEntry | None:
+        """The file at canonical ``path``, or None (absent, deleted or a directory)."""
+        if path in self.overlay:
+            return self.overlay[path]
+        entry = self.trees.lookup(self.root, path)
+        return None if entry is None or entry.is_dir else FileEntry(entry.digest, entry.size)
+
+    def is_dir(self, path: str) -> bool:
+        """True if canonical ``path`` holds at least one file."""
+        prefix = path + "/"
+        if any(v is not None and p.startswith(prefix) for p, v in self.overlay.items()):
+            return True
+        d = self.trees.dir_digest(self.root, path)
+        return d is not None and any(p not in self.overlay for p, _ in self.trees.walk(d, prefix))

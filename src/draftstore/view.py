@@ -11,41 +11,17 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
 
 from .digest import Digest
-from .errors import PathNotFound
+from .errors import PathNotFound, PatternInvalid
 from .paths import normalize_dir, normalize_path
 from .search import Searcher, SearchResult, compile_glob, glob_base
 from .settings import Limits
-from .trees import Entry, TreeReader
+from .trees import Entry, FileEntry, StagedTree, TreeReader
 
-__all__ = ["View", "FileStat", "DirEntry", "PathList", "OverlayEntry", "overlay_entry", "merged_file", "merged_is_dir"]
-
-# overlay value: (digest, size) of the new content, or None for a deletion
-OverlayEntry = tuple[Digest, int] | None
-
-
-def overlay_entry(digest: str | None, size: int) -> OverlayEntry:
-    """An overlay row's value: the new file (digest, size), or None for a deletion."""
-    return None if digest is None else (Digest(digest), size)
-
-
-def merged_file(trees: TreeReader, root: Digest, overlay: Mapping[str, OverlayEntry], path: str) -> OverlayEntry:
-    """The file at canonical ``path`` in ``root + overlay``, or None."""
-    if path in overlay:
-        return overlay[path]
-    entry = trees.lookup(root, path)
-    return None if entry is None or entry.is_dir else (entry.digest, entry.size)
-
-
-def merged_is_dir(trees: TreeReader, root: Digest, overlay: Mapping[str, OverlayEntry], path: str) -> bool:
-    """True if canonical ``path`` holds at least one file in ``root + overlay``."""
-    prefix = path + "/"
-    if any(v is not None and p.startswith(prefix) for p, v in overlay.items()):
-        return True
-    d = trees.dir_digest(root, path)
-    return d is not None and any(p not in overlay for p, _ in trees.walk(d, prefix))
+__all__ = ["View", "FileStat", "DirEntry", "PathList"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +59,7 @@ class View:
         project_id: str,
         kind: str,
         root: Digest,
-        overlay: Mapping[str, OverlayEntry],
+        overlay: Mapping[str, FileEntry | None],
         characters: Any,
         world_settings: Any,
         version_id: str | None = None,
@@ -91,8 +67,9 @@ class View:
         revision: int | None = None,
         limits: Limits | None = None,
     ) -> None:
+        self._staged = StagedTree(trees, root, dict(overlay))
         self._trees = trees
-        self._overlay = dict(overlay)
+        self._overlay = self._staged.overlay
         self._limits = limits or Limits()
         self.project_id = project_id
         self.kind = kind
@@ -108,6 +85,16 @@ class View:
         return f"<View {self.kind} {target} root={self.root[:12]} overlay={len(self._overlay)}>"
 
     @property
+    def trees(self) -> TreeReader:
+        """The tree reader this view reads nodes and blobs through."""
+        return self._trees
+
+    @property
+    def overlay(self) -> Mapping[str, FileEntry | None]:
+        """Changes staged on top of ``root`` (path -> file, None = deleted), read-only."""
+        return MappingProxyType(self._overlay)
+
+    @property
     def resolved_to(self) -> str:
         """'draft', 'version' or 'empty'."""
         return self.kind
@@ -121,13 +108,14 @@ class View:
         return copy.deepcopy(self._world_settings)
 
     # -- single files ------------------------------------------------------
-    def _file(self, path: str) -> tuple[Digest, int] | None:
-        return merged_file(self._trees, self.root, self._overlay, path)
+    def file(self, path: str) -> FileEntry | None:
+        """The file at canonical ``path`` in this state, or None (no validation: see ``stat``)."""
+        return self._staged.file(path)
 
     def stat(self, path: str) -> FileStat:
         """Size and digest of a file. Raises ``path.not_found``, ``path.denied``."""
         p = normalize_path(path, self._limits)
-        f = self._file(p)
+        f = self.file(p)
         if f is None:
             raise PathNotFound(f"no file {p!r} in this {self.kind}", path=p)
         return FileStat(p, f[1], f[0])
@@ -143,7 +131,7 @@ class View:
     def exists(self, path: str) -> bool:
         """True if ``path`` is a file in this state (directories: see ``is_dir``)."""
         p = normalize_path(path, self._limits)
-        return self._file(p) is not None
+        return self.file(p) is not None
 
     # -- listings ------------------------------------------------------------
     def iter_files(self, under: str = "") -> Iterator[tuple[str, FileStat]]:
@@ -188,7 +176,7 @@ class View:
 
     def is_dir(self, path: str) -> bool:
         d = normalize_dir(path, self._limits)
-        return d == "" or merged_is_dir(self._trees, self.root, self._overlay, d)
+        return d == "" or self._staged.is_dir(d)
 
     def list_dir(self, path: str = "") -> list[DirEntry]:
         """Entries of directory ``path`` ('' is the root), sorted by name.
@@ -228,9 +216,7 @@ class View:
         """Paths matching ``glob`` (see ``draftstore.search`` for the rules), sorted,
         at most ``limit`` (``truncated`` set when cut). Raises ``pattern.invalid``."""
         rx = compile_glob(glob)
-        if not isinstance(limit, int) or limit < 1:
-            from .errors import PatternInvalid
-
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise PatternInvalid("limit is a positive integer", limit=limit)
         base = glob_base(glob)
         out = PathList()

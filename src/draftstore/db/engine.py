@@ -2,7 +2,8 @@
 
 SQLite (embedded default) gets WAL, a busy timeout and ``BEGIN IMMEDIATE`` for
 every transaction, so concurrent writers queue instead of failing late with
-"database is locked". PostgreSQL runs through psycopg 3 with a pool.
+"database is locked". PostgreSQL runs through psycopg 3 with a pool. JSON documents are serialised
+by ``validation.dump_json`` on both.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 
 from ..errors import BackendUnavailable, ConfigInvalid
+from ..validation import dump_json
 
 __all__ = ["create_db_engine", "is_sqlite"]
 
@@ -31,6 +33,8 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise ConfigInvalid(f"invalid database URL: {exc}", url=url) from exc
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
+    # JSON columns: values checked and serialised once by draftstore.validation pass through
+    kwargs.setdefault("json_serializer", dump_json)
     if u.get_backend_name() == "sqlite":
         db = u.database
         if db and db != ":memory:":

@@ -5,14 +5,25 @@ Invariants the database itself enforces:
 - at most one running turn per project (partial unique index ``uq_turn_running``);
 - version numbers and turn numbers are unique per project;
 - a tool call is keyed (turn_id, seq), so recording one is a row insert: O(1)
-  however long the turn is.
+  however long the turn is; the transaction that ends the turn compacts the
+  rows into ``project_turn.tool_calls_json`` and deletes them.
+
+JSON documents (characters, world settings, messages, partial responses, the
+compacted tool history) are JSONB on PostgreSQL, so admins can query them in
+SQL, and JSON (text) on SQLite.
+
+``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``H`` are the tables, for
+the components that own their SQL.
 """
 
 from __future__ import annotations
 
 from datetime import datetime, timezone
 
+from typing import Any
+
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 from sqlmodel import Field, SQLModel
 
 __all__ = [
@@ -26,6 +37,7 @@ __all__ = [
     "HeadMoveRow",
     "metadata",
     "utcnow",
+    "P", "V", "D", "C", "T", "TC", "S", "H",
 ]
 
 metadata = SQLModel.metadata
@@ -39,8 +51,15 @@ def _ts(nullable: bool = False) -> sa.Column:
     return sa.Column(sa.DateTime(timezone=True), nullable=nullable)
 
 
+def _json(nullable: bool) -> sa.Column:
+    # none_as_null: Python None is SQL NULL ("not set"), never the JSON literal null
+    return sa.Column(sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql"),
+                     nullable=nullable)
+
+
 ID = 32  # uuid4 hex
 DIGEST = 64
+NAME = 200
 
 
 class ProjectRow(SQLModel, table=True):
@@ -60,13 +79,13 @@ class VersionRow(SQLModel, table=True):
     project_id: str = Field(foreign_key="project.id", index=True, max_length=ID)
     number: int
     parent_version_id: str | None = Field(default=None, max_length=ID)
-    code_manifest_key: str = Field(max_length=DIGEST)
+    code_manifest_key: str = Field(max_length=DIGEST)  # the code tree's root
     file_count: int = 0
-    characters_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
-    world_settings_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    characters_json: Any = Field(sa_column=_json(False))
+    world_settings_json: Any = Field(sa_column=_json(False))
     summary: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False))
     created_by_turn_id: str | None = Field(default=None, max_length=ID)
-    created_by: str | None = Field(default=None, max_length=200)
+    created_by: str | None = Field(default=None, max_length=NAME)
     created_at: datetime = Field(sa_column=_ts())
 
 
@@ -86,18 +105,19 @@ class DraftRow(SQLModel, table=True):
     base_version_id: str | None = Field(default=None, max_length=ID)
     # running | interrupted | paused | publishing
     status: str = Field(max_length=16)
-    code_manifest_key: str = Field(max_length=DIGEST)
+    code_manifest_key: str = Field(max_length=DIGEST)  # the tree root as of the last seal
     file_count: int = 0
-    characters_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
-    world_settings_json: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
+    characters_json: Any = Field(sa_column=_json(False))
+    world_settings_json: Any = Field(sa_column=_json(False))
     revision: int = 0
     last_turn_id: str | None = Field(default=None, max_length=ID)
-    partial_response_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    partial_response_json: Any = Field(default=None, sa_column=_json(True))
     status_changed_at: datetime = Field(sa_column=_ts())
     created_at: datetime = Field(sa_column=_ts())
     closed_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     # published | discarded
     closed_reason: str | None = Field(default=None, max_length=16)
+    closed_by: str | None = Field(default=None, max_length=NAME)
     published_version_id: str | None = Field(default=None, max_length=ID)
 
 
@@ -129,12 +149,16 @@ class TurnRow(SQLModel, table=True):
     draft_id: str = Field(foreign_key="project_draft.id", index=True, max_length=ID)
     number: int
     continues_turn_id: str | None = Field(default=None, max_length=ID)
+    base_version_id: str | None = Field(default=None, max_length=ID)
+    actor: str | None = Field(default=None, max_length=NAME)
     # running | completed | interrupted | failed | rolled_back
     status: str = Field(max_length=16)
-    user_message: str = Field(sa_column=sa.Column(sa.Text, nullable=False))
-    assistant_message: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
-    error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
-    partial_response_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    user_message_json: Any = Field(sa_column=_json(False))
+    assistant_message_json: Any = Field(default=None, sa_column=_json(True))
+    error_json: Any = Field(default=None, sa_column=_json(True))
+    partial_response_json: Any = Field(default=None, sa_column=_json(True))
+    # the ordered tool history, compacted when the turn ends (NULL while it runs)
+    tool_calls_json: Any = Field(default=None, sa_column=_json(True))
     # code tree roots at the turn's boundaries, and blob digests of the
     # {"characters", "world_settings"} JSON at the same moments
     start_root: str | None = Field(default=None, max_length=DIGEST)
@@ -149,7 +173,7 @@ class ToolCallRow(SQLModel, table=True):
     __tablename__ = "tool_call"
     turn_id: str = Field(foreign_key="project_turn.id", primary_key=True, max_length=ID)
     seq: int = Field(primary_key=True)
-    tool_name: str = Field(max_length=200)
+    tool_name: str = Field(max_length=NAME)
     # started | completed | failed
     status: str = Field(max_length=16)
     # serialised JSON when small; else NULL with the blob digest and a preview
@@ -159,7 +183,8 @@ class ToolCallRow(SQLModel, table=True):
     result_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     result_digest: str | None = Field(default=None, max_length=DIGEST)
     result_preview: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
-    error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    # a failed call's error, serialised JSON
+    error_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     started_at: datetime = Field(sa_column=_ts())
     ended_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
 
@@ -188,6 +213,16 @@ class HeadMoveRow(SQLModel, table=True):
     to_version_id: str | None = Field(default=None, max_length=ID)
     # create | publish | rollback
     reason: str = Field(max_length=16)
-    actor: str | None = Field(default=None, max_length=200)
+    actor: str | None = Field(default=None, max_length=NAME)
     turn_id: str | None = Field(default=None, max_length=ID)
     at: datetime = Field(sa_column=_ts())
+
+
+P = ProjectRow.__table__
+V = VersionRow.__table__
+D = DraftRow.__table__
+C = DraftChangeRow.__table__
+T = TurnRow.__table__
+TC = ToolCallRow.__table__
+S = SnapshotRow.__table__
+H = HeadMoveRow.__table__

@@ -1,0 +1,136 @@
+"""The three backends a store talks to, and how every component talks to them.
+
+One ``Backends`` object is shared by the store's components. It owns the
+relational engine (transactions, one-shot statements, driver-error mapping),
+the blob store with its object cache and tree reader, the coordinator with the
+event publisher, and the pool on which uploads overlap transactions.
+
+Error boundary: driver failures become typed errors here, chained with
+``from``: connection trouble is ``backend.unavailable``; a value the database
+refuses is ``input.invalid`` (validation catches those first, so this is a
+safety net, not a path). Integrity errors are left to the callers, who know
+what a broken constraint means in their operation.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
+from typing import Any, Callable
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
+
+from . import errors as E
+from .blobs import BlobStore, ObjectCache
+from .coord import Coordinator
+from .db.engine import create_db_engine, is_sqlite
+from .db.oneshot import OneShot
+from .events import EventPublisher
+from .settings import Limits, Settings
+from .trees import TreeReader
+
+__all__ = ["Backends"]
+
+log = logging.getLogger("draftstore")
+
+
+class Backends:
+    """Engine + blob store + coordinator, with the plumbing every component shares.
+
+    Thread-safe; one per ``Store``.
+    """
+
+    def __init__(self, engine: Engine, blobs: BlobStore, coord: Coordinator, settings: Settings,
+                 cache: ObjectCache) -> None:
+        self.settings = settings
+        self.limits: Limits = settings.limits
+        self.engine = engine
+        self.blobs = blobs
+        self.coord = coord
+        self.cache = cache
+        self.trees = TreeReader(blobs, cache)
+        self.sqlite = is_sqlite(engine)
+        # single-statement operations run on a pool of autocommit connections: one
+        # round trip each, no BEGIN/COMMIT, no per-checkout isolation switching
+        self.autocommit = engine if self.sqlite else create_db_engine(
+            engine.url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT",
+            pool_reset_on_return=None)
+        self.events = EventPublisher(coord)
+        self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
+
+    def close(self) -> None:
+        self._uploads.shutdown(wait=True)
+        self.events.close()
+        if self.autocommit is not self.engine:
+            self.autocommit.dispose()
+        self.engine.dispose()
+        self.blobs.close()
+        self.coord.close()
+
+    # -- the database ------------------------------------------------------------
+    @contextmanager
+    def db_errors(self) -> Iterator[None]:
+        """The database boundary (see the module docstring)."""
+        try:
+            yield
+        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
+        except sa_exc.DataError as exc:
+            raise E.InvalidInput(f"the database refused a value: {exc.orig}") from exc
+
+    @contextmanager
+    def tx(self, *, read_only: bool = False) -> Iterator[Connection]:
+        """One database transaction; driver errors become typed errors.
+
+        ``read_only`` lets SQLite readers run beside a writer (deferred BEGIN).
+        """
+        with self.db_errors(), self.engine.connect() as conn:
+            if read_only:
+                conn.execution_options(draftstore_read_only=True)
+            with conn.begin():
+                yield conn
+
+    @contextmanager
+    def statement(self, *, read_only: bool = False) -> Iterator[Connection]:
+        """A connection for ONE statement, atomic on its own (autocommit where it helps)."""
+        with self.db_errors(), self.autocommit.connect() as conn:
+            if not self.sqlite:
+                yield conn
+                return
+            if read_only:
+                conn.execution_options(draftstore_read_only=True)
+            with conn.begin():
+                yield conn
+
+    def one_shot(self, stmt: Any) -> OneShot:
+        """A prebuilt single statement for a hot path (see ``OneShot``)."""
+        return OneShot(stmt, self.autocommit)
+
+    def run(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
+        """Run a one-shot statement; returns (first row or None, rowcount)."""
+        with self.db_errors():
+            return stmt.run(params)
+
+    def for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:
+        """``SELECT ... FOR UPDATE`` where rows can be locked (SQLite's BEGIN
+        IMMEDIATE already serialises writers)."""
+        return stmt if self.sqlite else stmt.with_for_update(of=of)
+
+    # -- blobs ---------------------------------------------------------------------
+    def upload(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:
+        """Run an upload beside the caller, which must wait for it (``.result()``)
+        before committing anything that names what it stores."""
+        return self._uploads.submit(fn, *args)
+
+    # -- coordinator -----------------------------------------------------------------
+    def emit(self, stream: str, type: str, data: dict[str, Any]) -> None:
+        """Queue an event for SSE (never waited for: events are rebuildable from rows)."""
+        self.events.emit(stream, type, data)
+
+    def expire_stream(self, stream: str) -> None:
+        """Let a stream's buffer go ``event_ttl_s`` after now (queued behind its events)."""
+        self.events.expire(stream, self.settings.event_ttl_s)

@@ -1,0 +1,60 @@
+"""A single statement run in autocommit on the hot paths, as cheaply as the driver allows."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+
+__all__ = ["OneShot"]
+
+
+class OneShot:
+    """One statement, atomic on its own, run in autocommit.
+
+    On PostgreSQL it is compiled once and executed on the pooled DBAPI
+    connection directly: on the tool-call path SQLAlchemy's execution layer
+    cost as much as the statement itself (measured: 1.75x two raw INSERTs
+    through it, 1.34x without). Driver errors are re-raised as SQLAlchemy's
+    (``IntegrityError``, ``OperationalError``, ...), so callers map one family.
+    Elsewhere (SQLite) it is an ordinary SQLAlchemy execution.
+    """
+
+    def __init__(self, stmt: Any, engine: sa.Engine) -> None:
+        self.stmt = stmt
+        self.engine = engine
+        self.raw = engine.dialect.name == "postgresql"
+        if self.raw:
+            compiled = stmt.compile(dialect=engine.dialect)
+            self.sql = compiled.string
+            # literals baked into the statement ('started', 0, 1, ...) are bind values too
+            self.fixed = {name: bp.value for bp, name in compiled.bind_names.items() if bp.value is not None}
+
+    def run(self, params: dict[str, Any]) -> tuple[Any | None, int]:
+        """Execute; returns (first row or None, rowcount)."""
+        if not self.raw:
+            with self.engine.begin() as conn:
+                res = conn.execute(self.stmt, params)
+                row = res.first() if res.returns_rows else None
+                return row, res.rowcount
+        import psycopg
+
+        conn = self.engine.raw_connection()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(self.sql, {**self.fixed, **params})
+                row = cur.fetchone() if cur.description else None
+                return row, cur.rowcount
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError):
+                conn.invalidate()  # a broken connection must not go back to the pool
+            wrapper: type[sa.exc.DBAPIError] = sa.exc.DBAPIError
+            for base, mapped in ((psycopg.IntegrityError, sa.exc.IntegrityError),
+                                 (psycopg.OperationalError, sa.exc.OperationalError),
+                                 (psycopg.InterfaceError, sa.exc.InterfaceError)):
+                if isinstance(exc, base):
+                    wrapper = mapped
+                    break
+            raise wrapper(self.sql, params, exc) from exc
+        finally:
+            conn.close()

@@ -1,0 +1,34 @@
+"""Named points where a crash test can stop a process and kill it for real.
+
+A point does nothing unless ``DRAFTSTORE_PAUSE_AT`` names it (comma-separated
+names, read once at import). Then the process that reaches it writes
+``draftstore: paused at <name>`` to stderr and waits, so a test that started
+it as a subprocess can ``kill -9`` it at exactly that moment and then check
+what another process sees. Production never sets the variable; a disabled
+point costs one set lookup.
+
+Points: ``turn.end.before_commit`` (inside the transaction that ends a turn
+and seals its writes), ``write.before_commit`` (inside a write's transaction,
+after its blob upload started), ``publish.before_commit`` (inside the publish
+transaction).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+__all__ = ["point", "PAUSE_ENV"]
+
+PAUSE_ENV = "DRAFTSTORE_PAUSE_AT"
+_ARMED = frozenset(n.strip() for n in os.environ.get(PAUSE_ENV, "").split(",") if n.strip())
+
+
+def point(name: str) -> None:
+    """Pause forever here if ``name`` is armed (see the module docstring)."""
+    if name in _ARMED:
+        sys.stderr.write(f"draftstore: paused at {name}\n")
+        sys.stderr.flush()
+        while True:
+            time.sleep(3600)

@@ -1,0 +1,173 @@
+"""Projects and their refs: the head (current version), the versions, the head moves.
+
+A version is immutable; nothing deletes one. The head moves on create,
+publish and rollback, and every move is recorded (who, when, from, to, why)
+in the same transaction that moves it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from types import SimpleNamespace
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from . import errors as E
+from . import validation as check
+from .backends import Backends
+from .db.tables import H, P, V, utcnow
+from .ids import new_id
+from .records import HeadMove, HeadMoveReason, Project, Version, aware
+from .sealing import Sealing
+
+__all__ = ["Projects", "project_record", "version_record"]
+
+
+def project_record(r: Any) -> Project:
+    return Project(r.id, r.name, r.current_version_id, r.active_draft_id, r.forked_from_version_id,
+                   aware(r.created_at))
+
+
+def version_record(r: Any) -> Version:
+    return Version(
+        id=r.id, project_id=r.project_id, number=r.number, parent_version_id=r.parent_version_id,
+        root=r.code_manifest_key, file_count=r.file_count, characters=r.characters_json,
+        world_settings=r.world_settings_json, summary=r.summary, created_by_turn_id=r.created_by_turn_id,
+        created_by=r.created_by, created_at=aware(r.created_at),
+    )
+
+
+def _head_move_record(r: Any) -> HeadMove:
+    return HeadMove(r.id, r.project_id, r.from_version_id, r.to_version_id, HeadMoveReason(r.reason), r.actor,
+                    r.turn_id, aware(r.at))
+
+
+class Projects:
+    def __init__(self, b: Backends, sealing: Sealing) -> None:
+        self.b = b
+        self.sealing = sealing
+
+    # -- rows, for the other components ------------------------------------------------
+    def load(self, conn: Connection, project_id: str, lock: bool = False) -> Any:
+        """The project row (locked if asked). Raises ``project.not_found``."""
+        check.project_id(project_id)
+        stmt = sa.select(P).where(P.c.id == project_id)
+        row = conn.execute(self.b.for_update(stmt) if lock else stmt).first()
+        if row is None:
+            raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+        return row
+
+    def load_version(self, conn: Connection, version_id: str, project_id: str | None = None) -> Any:
+        """A version row (of ``project_id`` if given). Raises ``version.not_found``."""
+        check.version_id(version_id)
+        row = conn.execute(sa.select(V).where(V.c.id == version_id)).first()
+        if row is None or (project_id is not None and row.project_id != project_id):
+            where = f" in project {project_id!r}" if project_id else ""
+            raise E.VersionNotFound(f"no version {version_id!r}{where}", version_id=version_id)
+        return row
+
+    def insert_version(self, conn: Connection, project: Any, *, root: str, file_count: int, characters: Any,
+                       world_settings: Any, summary: str, turn_id: str | None, actor: str | None, now: datetime,
+                       reason: HeadMoveReason) -> Version:
+        """Within the caller's transaction (project row locked): add the next
+        version, make it head, record the head move."""
+        number = (conn.execute(sa.select(sa.func.max(V.c.number)).where(V.c.project_id == project.id))
+                  .scalar() or 0) + 1
+        vid = new_id()
+        values = dict(id=vid, project_id=project.id, number=number, parent_version_id=project.current_version_id,
+                      code_manifest_key=root, file_count=file_count, characters_json=characters,
+                      world_settings_json=world_settings, summary=summary, created_by_turn_id=turn_id,
+                      created_by=actor, created_at=now)
+        conn.execute(V.insert().values(**values))
+        self.move_head(conn, project.id, project.current_version_id, vid, reason, actor, now, turn_id=turn_id)
+        values.update(characters_json=check.as_value(characters), world_settings_json=check.as_value(world_settings))
+        return version_record(SimpleNamespace(**values))
+
+    def move_head(self, conn: Connection, project_id: str, from_id: str | None, to_id: str,
+                  reason: HeadMoveReason, actor: str | None, now: datetime, turn_id: str | None = None) -> None:
+        conn.execute(P.update().where(P.c.id == project_id).values(current_version_id=to_id))
+        conn.execute(H.insert().values(project_id=project_id, from_version_id=from_id, to_version_id=to_id,
+                                       reason=reason, actor=actor, turn_id=turn_id, at=now))
+
+    # -- the public operations -------------------------------------------------------------
+    def create(self, name: str, files: Mapping[str, bytes | str] | None, characters: Any, world_settings: Any,
+               actor: str | None) -> Project:
+        name = check.name("name", name)
+        actor = check.actor(actor)
+        limits = self.b.limits
+        has_content = files is not None or characters is not None or world_settings is not None
+        chars = check.json_value("characters", {} if characters is None else characters, limits.max_json_state_bytes)
+        world = check.json_value("world_settings", {} if world_settings is None else world_settings,
+                                 limits.max_json_state_bytes)
+        cleaned: dict[str, bytes | None] = {}
+        if files:
+            cleaned = check.batch(files, limits.max_files_per_draft, "files", limits)
+            if any(v is None for v in cleaned.values()):
+                raise E.InvalidInput("initial files cannot be deletions (None)", field="files")
+        root, count = self.sealing.seal_files(cleaned)  # type: ignore[arg-type]
+        now = utcnow()
+        pid = new_id()
+        with self.b.tx() as conn:
+            conn.execute(P.insert().values(id=pid, name=name, created_at=now))
+            if has_content:
+                project = self.load(conn, pid, lock=True)
+                self.insert_version(conn, project, root=root, file_count=count, characters=chars,
+                                    world_settings=world, summary="initial content", turn_id=None, actor=actor,
+                                    now=now, reason=HeadMoveReason.CREATE)
+            return project_record(self.load(conn, pid))
+
+    def fork(self, version_id: str, name: str, actor: str | None) -> Project:
+        name = check.name("name", name)
+        actor = check.actor(actor)
+        now = utcnow()
+        pid = new_id()
+        with self.b.tx() as conn:
+            src = self.load_version(conn, version_id)
+            conn.execute(P.insert().values(id=pid, name=name, created_at=now, forked_from_version_id=src.id))
+            project = self.load(conn, pid, lock=True)
+            self.insert_version(conn, project, root=src.code_manifest_key, file_count=src.file_count,
+                                characters=src.characters_json, world_settings=src.world_settings_json,
+                                summary=f"forked from version {src.id}", turn_id=None, actor=actor, now=now,
+                                reason=HeadMoveReason.CREATE)
+            return project_record(self.load(conn, pid))
+
+    def get(self, project_id: str) -> Project:
+        with self.b.tx(read_only=True) as conn:
+            return project_record(self.load(conn, project_id))
+
+    def list(self) -> list[Project]:
+        with self.b.tx(read_only=True) as conn:
+            rows = conn.execute(sa.select(P).order_by(P.c.created_at, P.c.id)).all()
+        return [project_record(r) for r in rows]
+
+    def get_version(self, version_id: str) -> Version:
+        with self.b.tx(read_only=True) as conn:
+            return version_record(self.load_version(conn, version_id))
+
+    def list_versions(self, project_id: str) -> list[Version]:
+        with self.b.tx(read_only=True) as conn:
+            self.load(conn, project_id)
+            rows = conn.execute(sa.select(V).where(V.c.project_id == project_id).order_by(V.c.number)).all()
+        return [version_record(r) for r in rows]
+
+    def head_moves(self, project_id: str) -> list[HeadMove]:
+        with self.b.tx(read_only=True) as conn:
+            self.load(conn, project_id)
+            rows = conn.execute(sa.select(H).where(H.c.project_id == project_id).order_by(H.c.id)).all()
+        return [_head_move_record(r) for r in rows]
+
+    def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
+        actor = check.actor(actor)
+        now = utcnow()
+        with self.b.tx() as conn:
+            project = self.load(conn, project_id, lock=True)
+            version = self.load_version(conn, version_id, project_id)
+            if project.current_version_id != version.id:
+                self.move_head(conn, project_id, project.current_version_id, version.id, HeadMoveReason.ROLLBACK,
+                               actor, now)
+            result = project_record(self.load(conn, project_id))
+        self.b.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id})
+        return result

@@ -1,0 +1,137 @@
+"""Publishing and discarding: how a draft closes.
+
+Publish is ONE transaction: it seals whatever is left in the overlay, inserts
+the version, moves head, records the head move and closes the draft, or does
+none of it. Two racing publishes produce exactly one version (the project and
+draft rows are locked, and the loser finds no open draft). Discard closes the
+draft without a version; a turn still running on it ends ``rolled_back`` in
+the same transaction, its writes sealed into its end root for the record.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import errors as E
+from . import faults
+from . import validation as check
+from .backends import Backends
+from .db.tables import D, P, T, utcnow
+from .drafts import Drafts, draft_record
+from .projects import Projects
+from .records import Draft, DraftClosedReason, DraftStatus, HeadMoveReason, Turn, TurnStatus, Version, aware
+from .sealing import Sealing
+from .turns import Turns
+
+__all__ = ["Publishing"]
+
+log = logging.getLogger("draftstore")
+
+
+class Publishing:
+    def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing, turns: Turns) -> None:
+        self.b = b
+        self.projects = projects
+        self.drafts = drafts
+        self.sealing = sealing
+        self.turns = turns
+
+    def _open_draft_id(self, project_id: str, doing: str) -> str:
+        with self.b.tx(read_only=True) as conn:
+            project = self.projects.load(conn, project_id)
+        if project.active_draft_id is None:
+            raise E.DraftNone(f"project {project_id} has no draft to {doing}", project_id=project_id)
+        return str(project.active_draft_id)
+
+    def publish(self, project_id: str, summary: str, force: bool, actor: str | None) -> Version:
+        check.project_id(project_id)
+        summary = check.text("summary", summary, max_bytes=self.b.limits.max_message_bytes)
+        actor = check.actor(actor)
+        if not isinstance(force, bool):
+            raise E.InvalidInput("force must be true or false", field="force")
+        # the overlay is empty unless a writer of an older release died: then it is folded here
+        fold = self.sealing.prepare(self._open_draft_id(project_id, "publish"))
+        now = utcnow()
+        try:
+            with self.b.tx() as conn:
+                project = self.projects.load(conn, project_id, lock=True)
+                draft = self.drafts.active(conn, project, lock=True)
+                if draft is None:
+                    raise E.DraftNone(f"project {project_id} has no draft to publish", project_id=project_id)
+                if draft.status in (DraftStatus.RUNNING, DraftStatus.PUBLISHING):
+                    raise E.DraftBusy(
+                        f"draft {draft.id} is {draft.status}; finish or interrupt the turn first"
+                        if draft.status == DraftStatus.RUNNING else f"draft {draft.id} is already being published",
+                        draft_id=draft.id, status=draft.status)
+                if draft.base_version_id != project.current_version_id and not force:
+                    raise E.DraftConflict(
+                        f"draft {draft.id} is based on {draft.base_version_id}, head is now "
+                        f"{project.current_version_id}: publish with force=True to replace head with the draft",
+                        draft_id=draft.id, base_version_id=draft.base_version_id,
+                        head_version_id=project.current_version_id)
+                root, files = self.sealing.apply(conn, fold, draft)
+                version = self.projects.insert_version(
+                    conn, project, root=root, file_count=files, characters=draft.characters_json,
+                    world_settings=draft.world_settings_json, summary=summary, turn_id=draft.last_turn_id,
+                    actor=actor, now=now, reason=HeadMoveReason.PUBLISH)
+                self._close(conn, project_id, draft.id, DraftClosedReason.PUBLISHED, actor, now,
+                            published_version_id=version.id)
+                faults.point("publish.before_commit")
+        finally:
+            fold.settle()
+        self.b.emit(f"project:{project_id}", "version.published", {"version_id": version.id, "number": version.number})
+        return version
+
+    def discard(self, project_id: str, actor: str | None) -> Draft:
+        check.project_id(project_id)
+        actor = check.actor(actor)
+        fold = self.sealing.prepare(self._open_draft_id(project_id, "discard"))
+        now = utcnow()
+        rolled_back: Turn | None = None
+        try:
+            with self.b.tx() as conn:
+                project = self.projects.load(conn, project_id, lock=True)
+                draft = self.drafts.active(conn, project, lock=True)
+                if draft is None:
+                    raise E.DraftNone(f"project {project_id} has no draft to discard", project_id=project_id)
+                if draft.status == DraftStatus.PUBLISHING:
+                    raise E.DraftBusy(f"draft {draft.id} is being published", draft_id=draft.id)
+                running = conn.execute(sa.select(T.c.id).where(
+                    T.c.draft_id == draft.id, T.c.status == TurnStatus.RUNNING.value)).scalar()
+                if running is not None:
+                    rolled_back = self.turns.finish(conn, running, draft, fold, TurnStatus.ROLLED_BACK, now, {})
+                self._close(conn, project_id, draft.id, DraftClosedReason.DISCARDED, actor, now)
+                result = draft_record(conn.execute(sa.select(D).where(D.c.id == draft.id)).one())
+        finally:
+            fold.settle()
+        if rolled_back is not None:
+            self.turns.ended(rolled_back)
+        self.b.emit(f"project:{project_id}", "draft.discarded", {"draft_id": result.id})
+        return result
+
+    def _close(self, conn: Any, project_id: str, draft_id: str, reason: DraftClosedReason, actor: str | None,
+               now: Any, published_version_id: str | None = None) -> None:
+        conn.execute(D.update().where(D.c.id == draft_id).values(
+            closed_at=now, closed_reason=reason, closed_by=actor, published_version_id=published_version_id,
+            status_changed_at=now, revision=D.c.revision + 1))
+        conn.execute(P.update().where(P.c.id == project_id).values(active_draft_id=None))
+
+    def release_stuck(self) -> int:
+        """Release drafts left ``publishing`` longer than ``publishing_stuck_s``
+        (only an older release could leave one: publish is one transaction now)."""
+        now = utcnow()
+        with self.b.tx(read_only=True) as conn:
+            stuck = conn.execute(sa.select(D.c.id, D.c.status_changed_at).where(
+                D.c.status == DraftStatus.PUBLISHING.value, D.c.closed_at.is_(None))).all()
+        released = 0
+        for draft_id, changed in stuck:
+            if (now - aware(changed)).total_seconds() <= self.b.settings.publishing_stuck_s:  # type: ignore[operator]
+                continue
+            with self.b.tx() as conn:
+                released += conn.execute(D.update().where(
+                    D.c.id == draft_id, D.c.status == DraftStatus.PUBLISHING.value, D.c.closed_at.is_(None),
+                ).values(status=DraftStatus.INTERRUPTED, status_changed_at=now)).rowcount
+        return released

@@ -1,0 +1,138 @@
+"""Sealing: folding a draft's staging overlay into tree objects.
+
+A seal runs inside the caller's transaction (a turn's end, a publish, a
+discard), so the new root, the cleared overlay and whatever the caller records
+with them (the turn's end root, a version) commit together or not at all:
+there is no moment at which a turn has ended but its writes are not sealed.
+
+To keep the slow part (uploading tree objects) out of the transaction, a seal
+is prepared first: the draft's sealed root, revision and overlay are read in
+one statement, the new tree objects are planned and their upload starts. In
+the transaction, with the draft row locked, the prepared fold is applied if
+the draft is still at that root and revision (every overlay write bumps the
+revision); otherwise the overlay is read again under the lock and folded there.
+The transaction commits only after the tree objects are stored, so a committed
+root is always complete in the blob store.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from . import errors as E
+from .backends import Backends
+from .db.tables import C, D
+from .digest import EMPTY_TREE, Digest
+from .trees import FileEntry, SealPlan, file_entry
+
+__all__ = ["Sealing", "Fold"]
+
+
+@dataclass
+class Fold:
+    """A prepared seal: the overlay as read at (``root``, ``revision``), its plan
+    and the upload of the plan's tree objects (running)."""
+
+    draft_id: str
+    root: Digest
+    revision: int
+    paths: int
+    plan: SealPlan | None
+    upload: Future[Any] | None
+
+    def settle(self) -> None:
+        """Let an upload that will not be used finish (stray objects are harmless)."""
+        if self.upload is not None:
+            self.upload.exception()
+
+
+class Sealing:
+    def __init__(self, b: Backends) -> None:
+        self.b = b
+        self._overlay = (
+            sa.select(D.c.code_manifest_key, D.c.revision, C.c.path, C.c.digest, C.c.size)
+            .select_from(D.outerjoin(C, C.c.draft_id == D.c.id))
+            .where(D.c.id == sa.bindparam("draft_id"))
+        )
+        self._lock = b.for_update(
+            sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.revision, D.c.status, D.c.file_count,
+                      D.c.closed_at, D.c.characters_json, D.c.world_settings_json)
+            .where(D.c.id == sa.bindparam("draft_id")))
+
+    def lock(self, conn: Connection, draft_id: str) -> Any:
+        """Lock the draft row for the rest of the transaction (None if there is no such draft)."""
+        return conn.execute(self._lock, {"draft_id": draft_id}).first()
+
+    def prepare(self, draft_id: str) -> Fold:
+        """Read the overlay (one statement, one snapshot), plan its fold, start the upload."""
+        with self.b.statement(read_only=True) as conn:
+            rows = conn.execute(self._overlay, {"draft_id": draft_id}).all()
+        if not rows:
+            raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
+        return self._plan(draft_id, rows, start_upload=True)
+
+    def _plan(self, draft_id: str, rows: list[Any], start_upload: bool) -> Fold:
+        root, revision = Digest(rows[0].code_manifest_key), rows[0].revision
+        changes: Mapping[str, FileEntry | None] = {
+            r.path: file_entry(r.digest, r.size) for r in rows if r.path is not None}
+        if not changes:
+            return Fold(draft_id, root, revision, 0, None, None)
+        plan = self.b.trees.plan(root, changes)
+        upload = self.b.upload(self.b.trees.store, plan) if start_upload else None
+        return Fold(draft_id, root, revision, len(changes), plan, upload)
+
+    def apply(self, conn: Connection, fold: Fold, locked: Any) -> tuple[Digest, int]:
+        """Within the caller's transaction, with ``locked`` (the draft row, from
+        ``lock`` or any ``SELECT ... FOR UPDATE`` of it) held: fold the overlay
+        into the draft's root and clear it.
+
+        Returns (root, files in it). Waits for the tree objects to be stored
+        (an upload failure raises and so rolls the transaction back).
+        """
+        if (locked.id, locked.code_manifest_key, locked.revision) != (fold.draft_id, fold.root, fold.revision):
+            fold.settle()  # stale: a write landed since (or another draft is open); fold again under the lock
+            rows = conn.execute(self._overlay, {"draft_id": locked.id}).all()
+            fold = self._plan(locked.id, rows, start_upload=False)
+            if fold.plan is not None:
+                self.b.trees.store(fold.plan)
+        if fold.plan is None:
+            return fold.root, locked.file_count
+        new, files = fold.plan.root, fold.plan.files
+        conn.execute(D.update().where(D.c.id == locked.id).values(code_manifest_key=new, file_count=files))
+        conn.execute(C.delete().where(C.c.draft_id == locked.id))
+        if fold.upload is not None:
+            fold.upload.result()
+        return new, files
+
+    def seal(self, draft_id: str) -> Digest:
+        """Seal the draft's overlay in a transaction of its own (a no-op if it is
+        empty). Used to fold what a dead worker of an older release left behind."""
+        fold = self.prepare(draft_id)
+        if fold.plan is None:
+            return fold.root
+        try:
+            with self.b.tx() as conn:
+                locked = self.lock(conn, draft_id)
+                if locked is None:
+                    raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
+                root, _ = self.apply(conn, fold, locked)
+                return root
+        finally:
+            fold.settle()
+
+    def seal_files(self, files: Mapping[str, bytes]) -> tuple[Digest, int]:
+        """Store ``files`` (canonical path -> content) as a new tree; returns (root, files).
+
+        Every blob and tree object is stored before this returns.
+        """
+        if not files:
+            return EMPTY_TREE, 0
+        digests = self.b.blobs.put_many(list(files.values()))
+        changes = {p: FileEntry(d, len(data)) for (p, data), d in zip(files.items(), digests)}
+        return self.b.trees.seal(EMPTY_TREE, changes)

@@ -1,0 +1,241 @@
+"""Staging: the draft writes of a running turn (files, batches, moves, JSON patches).
+
+A file write puts the blob, then ONE transaction locks the draft (bumping its
+revision), re-reads the turn's status under that lock, checks the merged
+state (sealed tree + overlay + this batch) and upserts overlay rows. No tree
+object is written until the turn ends (see ``sealing``). The upload runs while
+the transaction does its checks, and the transaction commits only after every
+blob is stored: a row never names a missing blob, and on any error nothing
+changes.
+
+Only a running turn may change its draft: everything that ends a turn locks
+the draft row first, so a write that gets the lock after an end sees the
+turn ended and is refused with ``turn.not_running``.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any
+
+import jsonpatch
+import sqlalchemy as sa
+from sqlalchemy.engine import Connection
+
+from . import errors as E
+from . import faults
+from . import validation as check
+from .backends import Backends
+from .db.tables import C, D, T
+from .digest import Digest, digest_of
+from .paths import normalize_path, parent_dirs
+from .records import TurnStatus
+from .trees import FileEntry, StagedTree, file_entry
+
+__all__ = ["Staging", "merge_patch"]
+
+# above this many paths, a batch reads the whole overlay instead of targeted rows
+_TARGETED_OVERLAY_MAX = 16
+_RUNNING = TurnStatus.RUNNING.value
+
+
+def merge_patch(target: Any, patch: Any) -> Any:
+    """RFC 7386 JSON Merge Patch (``target`` is not modified)."""
+    if not isinstance(patch, dict):
+        return copy.deepcopy(patch)
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merge_patch(result.get(key), value)
+    return result
+
+
+def _overlay_condition(n_paths: int) -> Any:
+    """Overlay rows deciding the merged state of n paths: the paths and their
+    parents (bind ``names``, expanding) and everything below each path
+    (binds ``lo0``/``hi0``, ...: '/' is 0x2F and '0' 0x30, so the range
+    [p + '/', p + '0') is exactly the paths below p)."""
+    conds = [C.c.path.in_(sa.bindparam("names", expanding=True))]
+    conds += [sa.and_(C.c.path > sa.bindparam(f"lo{i}"), C.c.path < sa.bindparam(f"hi{i}")) for i in range(n_paths)]
+    return sa.or_(*conds)
+
+
+class Staging:
+    def __init__(self, b: Backends) -> None:
+        self.b = b
+        # a write's first statement: lock the draft of the turn, bump its revision
+        self._lock_draft = (
+            D.update()
+            .where(D.c.id == sa.select(T.c.draft_id).where(T.c.id == sa.bindparam("turn_id")).scalar_subquery())
+            .values(revision=D.c.revision + 1)
+            .returning(D.c.id, D.c.revision, D.c.code_manifest_key, D.c.file_count, D.c.project_id,
+                       D.c.characters_json, D.c.world_settings_json)
+        )
+        self._turn_status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
+        self._status_and_overlay: dict[int | None, Any] = {}
+        if b.sqlite:
+            from sqlalchemy.dialects.sqlite import insert
+        else:
+            from sqlalchemy.dialects.postgresql import insert
+        ins = insert(C)
+        self._upsert_overlay = ins.on_conflict_do_update(
+            index_elements=[C.c.draft_id, C.c.path],
+            set_={"digest": ins.excluded.digest, "size": ins.excluded.size, "revision": ins.excluded.revision})
+        self._add_file_count = D.update().where(D.c.id == sa.bindparam("draft_id")).values(
+            file_count=D.c.file_count + sa.bindparam("delta"))
+
+    # -- locking --------------------------------------------------------------------------
+    def _not_running(self, conn: Connection, turn_id: str) -> E.DraftstoreError:
+        status = conn.execute(self._turn_status, {"turn_id": turn_id}).scalar()
+        if status is None:
+            return E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        return E.TurnNotRunning(f"turn {turn_id} is {status}; only a running turn may change its draft",
+                                turn_id=turn_id, status=status)
+
+    def _lock(self, conn: Connection, turn_id: str) -> Any:
+        """Lock the draft a running turn writes to (bumping its revision), then
+        re-read the turn's status by a new statement: on PostgreSQL's read
+        committed, an end that held the lock is seen, so a late write is refused."""
+        draft = conn.execute(self._lock_draft, {"turn_id": turn_id}).first()
+        status = conn.execute(self._turn_status, {"turn_id": turn_id}).scalar()
+        if draft is None or status != _RUNNING:
+            raise self._not_running(conn, turn_id)
+        return draft
+
+    def _status_overlay_stmt(self, n_paths: int | None) -> Any:
+        stmt = self._status_and_overlay.get(n_paths)
+        if stmt is None:
+            on = C.c.draft_id == sa.bindparam("draft_id")
+            if n_paths is not None:
+                on = sa.and_(on, _overlay_condition(n_paths))
+            stmt = sa.select(T.c.status, C.c.path, C.c.digest, C.c.size).select_from(
+                T.outerjoin(C, on)).where(T.c.id == sa.bindparam("turn_id"))
+            self._status_and_overlay[n_paths] = stmt
+        return stmt
+
+    def _lock_with_overlay(self, conn: Connection, turn_id: str,
+                           paths: list[str]) -> tuple[Any, dict[str, FileEntry | None]]:
+        """``_lock`` plus the overlay rows that decide the merged state of
+        ``paths``, read with the turn's status in one statement."""
+        draft = conn.execute(self._lock_draft, {"turn_id": turn_id}).first()
+        if draft is None:
+            raise self._not_running(conn, turn_id)
+        targeted = len(paths) <= _TARGETED_OVERLAY_MAX
+        params: dict[str, Any] = {"turn_id": turn_id, "draft_id": draft.id}
+        if targeted:
+            names = set(paths)
+            for i, p in enumerate(paths):
+                names.update(parent_dirs(p))
+                params[f"lo{i}"], params[f"hi{i}"] = p + "/", p + "0"
+            params["names"] = sorted(names)
+        rows = conn.execute(self._status_overlay_stmt(len(paths) if targeted else None), params).all()
+        if not rows or rows[0].status != _RUNNING:
+            raise self._not_running(conn, turn_id)
+        return draft, {r.path: file_entry(r.digest, r.size) for r in rows if r.path is not None}
+
+    # -- files -----------------------------------------------------------------------------
+    def write_file(self, turn_id: str, path: str, data: bytes | str) -> None:
+        check.turn_id(turn_id)
+        p = normalize_path(path, self.b.limits)
+        self._apply(turn_id, {p: check.file_data(p, data, self.b.limits)})
+
+    def delete_file(self, turn_id: str, path: str) -> None:
+        check.turn_id(turn_id)
+        self._apply(turn_id, {normalize_path(path, self.b.limits): None})
+
+    def move_file(self, turn_id: str, src: str, dst: str) -> None:
+        check.turn_id(turn_id)
+        s = normalize_path(src, self.b.limits)
+        d = normalize_path(dst, self.b.limits)
+        if s == d:
+            raise E.PathConflict("move source and destination are the same path", path=s)
+        self._apply(turn_id, {s: None, d: ("move", s)})
+
+    def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None]) -> None:
+        check.turn_id(turn_id)
+        self._apply(turn_id, check.batch(changes, self.b.limits.max_batch_files, "changes", self.b.limits))
+
+    def _apply(self, turn_id: str, changes: dict[str, Any]) -> None:
+        if not changes:
+            return
+        writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
+        stored = {p: FileEntry(digest_of(v), len(v)) for p, v in writes}
+        upload = self.b.upload(self.b.blobs.put_many, [v for _, v in writes]) if writes else None
+        try:
+            self._apply_rows(turn_id, changes, stored, upload)
+        finally:
+            if upload is not None and not upload.done():
+                upload.cancel() or upload.exception()  # never leave an upload running past the call
+        self.b.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
+
+    def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, FileEntry],
+                    upload: Future[Any] | None) -> None:
+        limits = self.b.limits
+        with self.b.tx() as conn:
+            draft, overlay = self._lock_with_overlay(conn, turn_id, list(changes))
+            state = StagedTree(self.b.trees, Digest(draft.code_manifest_key), overlay)
+            moved = {}
+            for value in changes.values():
+                if isinstance(value, tuple):  # ("move", src): resolved before the source is deleted
+                    src_file = state.file(value[1])
+                    if src_file is None:
+                        raise E.PathNotFound(f"no file {value[1]!r} to move", path=value[1])
+                    moved[value[1]] = src_file
+            rows: list[dict[str, Any]] = []
+            delta = 0
+            # deletions (and move sources) first, so a batch may replace a directory by a file
+            for path, value in sorted(changes.items(), key=lambda kv: kv[1] is not None):
+                entry: FileEntry | None = moved[value[1]] if isinstance(value, tuple) else (
+                    None if value is None else stored[path])
+                existed = state.file(path) is not None
+                if entry is None:
+                    if not existed:
+                        raise E.PathNotFound(f"no file {path!r} in the draft", path=path)
+                else:
+                    for parent in parent_dirs(path):
+                        if state.file(parent) is not None:
+                            raise E.PathConflict(f"{parent!r} is a file, cannot hold {path!r}", path=path)
+                    if state.is_dir(path):
+                        raise E.PathConflict(f"{path!r} is a directory", path=path)
+                state.stage(path, entry)
+                delta += (entry is not None) - existed
+                rows.append({"draft_id": draft.id, "path": path, "digest": None if entry is None else entry.digest,
+                             "size": 0 if entry is None else entry.size, "revision": draft.revision})
+            if draft.file_count + delta > limits.max_files_per_draft:
+                raise E.LimitExceeded(f"the draft would hold more than {limits.max_files_per_draft} files",
+                                      limit=limits.max_files_per_draft)
+            conn.execute(self._upsert_overlay, rows)
+            if delta:
+                conn.execute(self._add_file_count, {"draft_id": draft.id, "delta": delta})
+            faults.point("write.before_commit")
+            if upload is not None:
+                upload.result()  # raises the upload's error, which rolls the transaction back
+
+    # -- characters and world settings ---------------------------------------------------------
+    def patch(self, turn_id: str, column: str, field: str, patch: Any) -> Any:
+        """Apply a JSON Patch (a list, RFC 6902) or Merge Patch (a dict, RFC 7386)
+        to one JSON document of the draft; returns the new value. Atomic."""
+        check.turn_id(turn_id)
+        if not isinstance(patch, (list, dict)):
+            raise E.PatchInvalid("a patch is a JSON Patch list or a JSON Merge Patch object", field=field)
+        # the patch itself must be JSON (a non-JSON value is the patch's fault, not the result's)
+        check.json_value("patch", patch, self.b.limits.max_json_state_bytes, error=E.PatchInvalid)
+        with self.b.tx() as conn:
+            draft = self._lock(conn, turn_id)
+            current = getattr(draft, column)
+            if isinstance(patch, list):
+                try:
+                    new = jsonpatch.JsonPatch(patch).apply(current)
+                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError,
+                        ValueError, AttributeError, IndexError) as exc:
+                    raise E.PatchInvalid(f"JSON Patch not applicable to {field}: {exc}", field=field) from exc
+            else:
+                new = merge_patch(current, patch)
+            text = check.json_value(field, new, self.b.limits.max_json_state_bytes)
+            conn.execute(D.update().where(D.c.id == draft.id).values(**{column: text}))
+        self.b.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
+        return new

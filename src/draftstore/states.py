@@ -1,0 +1,138 @@
+"""States: resolving what to read (the draft, a version, a turn boundary) into a ``View``, and diffs.
+
+``view(project)`` is the agent's newest state: the active draft with its
+unsealed writes, else head. The draft row and its overlay are read by ONE
+statement (one snapshot), so a view is consistent however writers go on.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import sqlalchemy as sa
+
+from . import errors as E
+from . import validation as check
+from .backends import Backends
+from .db.tables import C, D, P, T, V
+from .diff import Diff, diff_views
+from .digest import EMPTY_TREE, Digest
+from .projects import Projects
+from .records import TurnStatus
+from .trees import file_entry
+from .view import View
+
+__all__ = ["States"]
+
+
+def _view_statement() -> Any:
+    """Project, its draft (or head) and the draft's overlay, in one statement."""
+    null_s, null_i = sa.cast(sa.null(), sa.String), sa.cast(sa.null(), sa.Integer)
+    null_j = sa.cast(sa.null(), D.c.characters_json.type)
+    head = sa.select(
+        sa.literal(0).label("part"),
+        P.c.active_draft_id.label("draft_id"),
+        P.c.current_version_id.label("version_id"),
+        D.c.code_manifest_key.label("d_root"),
+        D.c.characters_json.label("d_chars"),
+        D.c.world_settings_json.label("d_world"),
+        D.c.base_version_id.label("d_base"),
+        D.c.revision.label("d_rev"),
+        V.c.code_manifest_key.label("v_root"),
+        V.c.characters_json.label("v_chars"),
+        V.c.world_settings_json.label("v_world"),
+        null_s.label("path"),
+        null_s.label("digest"),
+        null_i.label("size"),
+    ).select_from(
+        P.outerjoin(D, D.c.id == P.c.active_draft_id).outerjoin(
+            V, sa.and_(V.c.id == P.c.current_version_id, P.c.active_draft_id.is_(None)))
+    ).where(P.c.id == sa.bindparam("project_id"))
+    rows = sa.select(
+        sa.literal(1), null_s, null_s, null_s, null_j, null_j, null_s, null_i, null_s, null_j, null_j,
+        C.c.path, C.c.digest, C.c.size,
+    ).select_from(P.join(C, C.c.draft_id == P.c.active_draft_id)).where(P.c.id == sa.bindparam("project_id"))
+    return sa.union_all(head, rows)
+
+
+class States:
+    def __init__(self, b: Backends, projects: Projects) -> None:
+        self.b = b
+        self.projects = projects
+        self._view = _view_statement()
+
+    def _version_view(self, v: Any) -> View:
+        return View(trees=self.b.trees, project_id=v.project_id, kind="version", root=Digest(v.code_manifest_key),
+                    overlay={}, characters=v.characters_json, world_settings=v.world_settings_json,
+                    version_id=v.id, limits=self.b.limits)
+
+    def view(self, project_id: str) -> View:
+        check.project_id(project_id)
+        with self.b.statement(read_only=True) as conn:
+            rows = conn.execute(self._view, {"project_id": project_id}).all()
+        head = next((r for r in rows if r.part == 0), None)
+        if head is None:
+            raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+        limits = self.b.limits
+        if head.draft_id is not None and head.d_root is not None:
+            overlay = {r.path: file_entry(r.digest, r.size) for r in rows if r.part == 1}
+            return View(trees=self.b.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
+                        overlay=overlay, characters=head.d_chars, world_settings=head.d_world,
+                        draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits)
+        if head.version_id is not None and head.v_root is not None:
+            return View(trees=self.b.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
+                        overlay={}, characters=head.v_chars, world_settings=head.v_world,
+                        version_id=head.version_id, limits=limits)
+        return View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
+                    characters={}, world_settings={}, limits=limits)
+
+    def view_at(self, project_id: str, version_id: str) -> View:
+        with self.b.tx(read_only=True) as conn:
+            self.projects.load(conn, project_id)
+            return self._version_view(self.projects.load_version(conn, version_id, project_id))
+
+    def view_at_turn(self, turn_id: str, boundary: str) -> View:
+        check.turn_id(turn_id)
+        if boundary not in ("start", "end"):
+            raise E.InvalidInput('boundary is "start" or "end"', boundary=str(boundary)[:20])
+        with self.b.tx(read_only=True) as conn:
+            t = conn.execute(sa.select(T.c.project_id, T.c.draft_id, T.c.status, T.c.start_root, T.c.end_root,
+                                       T.c.start_state_digest, T.c.end_state_digest)
+                             .where(T.c.id == turn_id)).first()
+        if t is None:
+            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        root = t.start_root if boundary == "start" else t.end_root
+        state_digest = t.start_state_digest if boundary == "start" else t.end_state_digest
+        if root is None or state_digest is None:
+            if t.status == TurnStatus.RUNNING:
+                raise E.TurnAlreadyRunning(f"turn {turn_id} is still running: it has no end yet",
+                                           turn_id=turn_id, status=t.status)
+            raise E.StateNotFound(f"turn {turn_id} ({t.status}) has no recorded {boundary} state",
+                                 turn_id=turn_id, status=t.status)
+        state = json.loads(self.b.blobs.get(Digest(state_digest)))
+        return View(trees=self.b.trees, project_id=t.project_id, kind=f"turn_{boundary}", root=Digest(root),
+                    overlay={}, characters=state["characters"], world_settings=state["world_settings"],
+                    draft_id=t.draft_id, limits=self.b.limits)
+
+    def resolve(self, ref: View | str) -> View:
+        if isinstance(ref, View):
+            return ref
+        if not isinstance(ref, str) or not ref:
+            raise E.InvalidInput("a state reference is a View or a string", ref=str(ref)[:100])
+        kind, _, rest = ref.partition(":")
+        if kind == "draft" and rest:
+            return self.view(rest)
+        if kind == "head" and rest:
+            project = self.projects.get(rest)
+            if project.current_version_id is None:
+                raise E.VersionNotFound(f"project {rest} has no version yet", project_id=rest)
+            return self.view_at(rest, project.current_version_id)
+        if kind == "turn" and rest:
+            turn_id, _, boundary = rest.partition(":")
+            return self.view_at_turn(turn_id, boundary or "end")
+        with self.b.tx(read_only=True) as conn:
+            return self._version_view(self.projects.load_version(conn, ref))
+
+    def diff(self, a: View | str, b: View | str, *, text: bool, detect_renames: bool) -> Diff:
+        return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames)

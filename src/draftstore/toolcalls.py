@@ -1,0 +1,209 @@
+"""A turn's tool-call history: recording, offloading, compaction, and the one reader.
+
+While a turn runs, each call is a row keyed (turn_id, seq): recording one is a
+single-statement insert or update, O(1) however long the history. The
+transaction that ends the turn compacts the rows into the turn's
+``tool_calls_json`` (one JSON array, in seq order) and deletes them. The rows
+are deleted rather than kept because two copies of one history could only
+ever disagree: after the end the column is the single truth, the row table
+holds only running turns (small, so its inserts stay fast), and a reader never
+merges two sources.
+
+Args and results larger than ``inline_payload_bytes`` (or holding a NUL
+character, which PostgreSQL's JSONB cannot store) live in the blob store,
+referenced by digest with a preview; compaction keeps the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+
+from . import errors as E
+from . import validation as check
+from .backends import Backends
+from .db.tables import T, TC, utcnow
+from .digest import Digest
+from .records import ToolCall, ToolCallStatus, TurnStatus, aware
+
+__all__ = ["ToolCalls"]
+
+_RUNNING = TurnStatus.RUNNING.value
+
+
+def _iso(ts: datetime | None) -> str | None:
+    return None if ts is None else aware(ts).isoformat()  # type: ignore[union-attr]
+
+
+def _from_row(turn_id: str, r: Any) -> ToolCall:
+    return ToolCall(
+        turn_id=turn_id, seq=r.seq, tool_name=r.tool_name, status=ToolCallStatus(r.status),
+        args=None if r.args_json is None else json.loads(r.args_json), args_digest=r.args_digest,
+        args_preview=r.args_preview,
+        result=None if r.result_json is None else json.loads(r.result_json), result_digest=r.result_digest,
+        result_preview=r.result_preview, error=None if r.error_json is None else json.loads(r.error_json),
+        started_at=aware(r.started_at), ended_at=aware(r.ended_at),  # type: ignore[arg-type]
+    )
+
+
+def _from_compact(turn_id: str, c: dict[str, Any]) -> ToolCall:
+    ended = c.get("ended_at")
+    return ToolCall(
+        turn_id=turn_id, seq=c["seq"], tool_name=c["tool_name"], status=ToolCallStatus(c["status"]),
+        args=c.get("args"), args_digest=c.get("args_digest"), args_preview=c.get("args_preview"),
+        result=c.get("result"), result_digest=c.get("result_digest"), result_preview=c.get("result_preview"),
+        error=c.get("error"), started_at=datetime.fromisoformat(c["started_at"]),
+        ended_at=None if ended is None else datetime.fromisoformat(ended),
+    )
+
+
+def _compact(r: Any) -> str:
+    """One call as compacted JSON text. Stored payload texts are embedded as
+    they are (already checked JSON); an absent ``args``/``result`` key means
+    offloaded (or, for ``result``, not finished)."""
+    dump = json.dumps
+    parts = ['{"seq":', str(r.seq), ',"tool_name":', dump(r.tool_name, ensure_ascii=False), ',"status":',
+             dump(r.status)]
+    if r.args_json is not None:
+        parts += [',"args":', r.args_json]
+    parts += [',"args_digest":', dump(r.args_digest), ',"args_preview":', dump(r.args_preview, ensure_ascii=False)]
+    if r.result_json is not None:
+        parts += [',"result":', r.result_json]
+    parts += [',"result_digest":', dump(r.result_digest), ',"result_preview":',
+              dump(r.result_preview, ensure_ascii=False), ',"error":', r.error_json or "null",
+              ',"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(r.ended_at)), "}"]
+    return "".join(parts)
+
+
+class ToolCalls:
+    def __init__(self, b: Backends) -> None:
+        self.b = b
+        # binds are prefixed p_: SQLAlchemy reserves column names in INSERT/UPDATE
+        next_seq = (sa.select(sa.func.coalesce(sa.func.max(TC.c.seq), 0) + 1)
+                    .where(TC.c.turn_id == sa.bindparam("p_turn_id")).scalar_subquery())
+        source = sa.select(
+            T.c.id, next_seq, sa.bindparam("p_tool_name", type_=sa.String), sa.literal(ToolCallStatus.STARTED.value),
+            sa.bindparam("p_args_json", type_=sa.Text), sa.bindparam("p_args_digest", type_=sa.String),
+            sa.bindparam("p_args_preview", type_=sa.Text), sa.bindparam("p_now", type_=sa.DateTime(timezone=True)),
+        ).where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
+        if not b.sqlite:
+            # wait for, then re-check, a concurrent status change of the turn
+            source = source.with_for_update(read=True, of=T)
+        self._started = b.one_shot(TC.insert().from_select(
+            ["turn_id", "seq", "tool_name", "status", "args_json", "args_digest", "args_preview", "started_at"],
+            source).returning(TC.c.seq))
+        running = sa.exists().where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
+        finish = TC.update().where(TC.c.turn_id == sa.bindparam("p_turn_id"), TC.c.seq == sa.bindparam("p_seq"),
+                                   TC.c.status == ToolCallStatus.STARTED.value, running)
+        self._completed = b.one_shot(finish.values(
+            status=ToolCallStatus.COMPLETED.value, ended_at=sa.bindparam("p_now"),
+            result_json=sa.bindparam("p_result_json"), result_digest=sa.bindparam("p_result_digest"),
+            result_preview=sa.bindparam("p_result_preview")))
+        self._failed = b.one_shot(finish.values(
+            status=ToolCallStatus.FAILED.value, ended_at=sa.bindparam("p_now"),
+            error_json=sa.bindparam("p_error_json")))
+        self._rows = sa.select(TC).where(TC.c.turn_id == sa.bindparam("turn_id")).order_by(TC.c.seq)
+
+    # -- recording -------------------------------------------------------------------------
+    def _payload(self, field: str, value: Any) -> tuple[str | None, str | None, str | None]:
+        """(inline JSON, blob digest, preview): big payloads go to the blob store."""
+        limits = self.b.limits
+        text, nul = check.json_text(field, value, limits.max_payload_bytes)
+        if not nul and len(text) <= limits.inline_payload_bytes and len(text.encode()) <= limits.inline_payload_bytes:
+            return text, None, None
+        digest = self.b.blobs.put(text.encode("utf-8"))
+        return None, digest, text[: limits.payload_preview_chars]
+
+    def started(self, turn_id: str, tool_name: str, args: Any) -> ToolCall:
+        check.turn_id(turn_id)
+        tool_name = check.name("tool_name", tool_name)
+        args_json, args_digest, args_preview = self._payload("args", args)
+        now = utcnow()
+        params = {"p_turn_id": turn_id, "p_tool_name": tool_name, "p_args_json": args_json,
+                  "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now}
+        for attempt in range(20):
+            try:
+                row, _ = self.b.run(self._started, params)
+                break
+            except sa_exc.IntegrityError:
+                # two recorders raced for the same seq: take the next one
+                if attempt == 19:
+                    raise
+                time.sleep(0.001 * (attempt + 1))
+        if row is None:
+            raise self._why_not(turn_id, None)
+        seq = row[0]
+        self.b.emit(f"turn:{turn_id}", "tool.started", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
+        return ToolCall(turn_id, seq, tool_name, ToolCallStatus.STARTED, None if args_digest else args, args_digest,
+                        args_preview, None, None, None, None, now, None)
+
+    def completed(self, turn_id: str, seq: int, result: Any) -> None:
+        check.turn_id(turn_id)
+        seq = check.seq(turn_id, seq)
+        result_json, result_digest, result_preview = self._payload("result", result)
+        self._finish(turn_id, seq, ToolCallStatus.COMPLETED, self._completed, {
+            "p_result_json": result_json, "p_result_digest": result_digest, "p_result_preview": result_preview})
+
+    def failed(self, turn_id: str, seq: int, error: Any) -> None:
+        check.turn_id(turn_id)
+        seq = check.seq(turn_id, seq)
+        error_json = check.message("error", error, self.b.limits)
+        self._finish(turn_id, seq, ToolCallStatus.FAILED, self._failed, {"p_error_json": error_json})
+
+    def _finish(self, turn_id: str, seq: int, status: ToolCallStatus, stmt: Any, values: dict[str, Any]) -> None:
+        _, updated = self.b.run(stmt, {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **values})
+        if updated != 1:
+            raise self._why_not(turn_id, seq)
+        self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq})
+
+    def _why_not(self, turn_id: str, seq: int | None) -> E.DraftstoreError:
+        """Why recording was refused: the turn is missing or ended, or the call is
+        missing or already finished (read after the fact; the statement decided)."""
+        with self.b.tx(read_only=True) as conn:
+            turn = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).first()
+            if turn is None:
+                return E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            if turn.status != _RUNNING:
+                return E.TurnNotRunning(f"turn {turn_id} is {turn.status}; only a running turn records tool calls",
+                                        turn_id=turn_id, status=turn.status)
+            call = conn.execute(sa.select(TC.c.status).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
+        if call is None:
+            return E.ToolCallNotFound(f"turn {turn_id} has no tool call {seq}", turn_id=turn_id, seq=seq)
+        return E.ToolCallAlreadyFinished(f"tool call {seq} of turn {turn_id} already {call.status}",
+                                         turn_id=turn_id, seq=seq, status=call.status)
+
+    def read_payload(self, digest: str) -> Any:
+        return json.loads(self.b.blobs.get(Digest(digest)).decode("utf-8"))
+
+    # -- compaction and reading -------------------------------------------------------------
+    def compact(self, conn: Connection, turn_id: str) -> check.JSONText:
+        """Within the transaction that ends the turn: the history as one JSON
+        array (to store in ``tool_calls_json``); the rows are deleted."""
+        rows = conn.execute(self._rows, {"turn_id": turn_id}).all()
+        if rows:
+            conn.execute(TC.delete().where(TC.c.turn_id == turn_id))
+        return check.JSONText("[" + ",".join(_compact(r) for r in rows) + "]")
+
+    def read(self, conn: Connection, turn: Any) -> tuple[tuple[ToolCall, ...], Any]:
+        """The history of ``turn`` (a row with ``id``, ``status``, ``tool_calls_json``),
+        in seq order: the compacted column of an ended turn, the rows of a running one.
+
+        Returns (calls, turn row): if the turn ended between reading its row and
+        its rows (which the end deletes in the transaction that fills the
+        column), the row is read again and its column used.
+        """
+        if turn.tool_calls_json is None:
+            rows = conn.execute(self._rows, {"turn_id": turn.id}).all()
+            if rows:
+                return tuple(_from_row(turn.id, r) for r in rows), turn
+            fresh = conn.execute(sa.select(T).where(T.c.id == turn.id)).first()
+            if fresh is None or fresh.tool_calls_json is None:
+                return (), turn
+            turn = fresh
+        return tuple(_from_compact(turn.id, c) for c in turn.tool_calls_json), turn

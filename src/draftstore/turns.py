@@ -1,0 +1,256 @@
+"""Turns: begin (start or continue), end (complete, interrupt, fail), heartbeats, recovery.
+
+A turn ends in ONE transaction: its status, its messages, the seal of its
+writes (``end_root``), the state of characters and world settings at its end,
+and its compacted tool history commit together. A worker killed at any moment
+leaves the turn either running (the recovery sweep interrupts it, which is
+such an end) or fully ended; never ended with its writes unsealed.
+
+Heartbeats live in the coordinator, which every store on the same data shares
+(Redis, or the SQLite coordinator file of the embedded default). The recovery
+sweep interrupts a running turn whose heartbeat lapsed.
+
+Lock order, the same in every operation, so transactions never deadlock:
+project row -> draft row -> turn row(s) -> overlay / tool-call rows.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection
+
+from . import errors as E
+from . import faults
+from . import validation as check
+from .backends import Backends
+from .db.tables import D, T, utcnow
+from .drafts import Drafts
+from .ids import new_id
+from .projects import Projects
+from .records import DraftStatus, Turn, TurnStatus, aware
+from .sealing import Fold, Sealing
+from .toolcalls import ToolCalls
+
+__all__ = ["Turns", "turn_record"]
+
+log = logging.getLogger("draftstore")
+
+_RUNNING = TurnStatus.RUNNING.value
+# every column but the compacted history: what a list of turns needs
+_SUMMARY = [c for c in T.c if c.name != "tool_calls_json"]
+
+
+def turn_record(r: Any, calls: tuple[Any, ...] = ()) -> Turn:
+    return Turn(
+        id=r.id, project_id=r.project_id, draft_id=r.draft_id, number=r.number,
+        continues_turn_id=r.continues_turn_id, base_version_id=r.base_version_id, actor=r.actor,
+        status=TurnStatus(r.status), user_message=r.user_message_json, assistant_message=r.assistant_message_json,
+        error=r.error_json, partial_response=r.partial_response_json, start_root=r.start_root,
+        end_root=r.end_root, started_at=aware(r.started_at), ended_at=aware(r.ended_at),  # type: ignore[arg-type]
+        tool_calls=calls,
+    )
+
+
+def state_blob(characters: Any, world_settings: Any) -> bytes:
+    """Characters + world settings as one immutable object (a turn boundary's state)."""
+    return json.dumps({"characters": characters, "world_settings": world_settings}, ensure_ascii=False,
+                      sort_keys=True, separators=(",", ":")).encode("utf-8")
+
+
+class Turns:
+    def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing,
+                 toolcalls: ToolCalls) -> None:
+        self.b = b
+        self.projects = projects
+        self.drafts = drafts
+        self.sealing = sealing
+        self.toolcalls = toolcalls
+
+    # -- begin -------------------------------------------------------------------------------
+    def begin(self, project_id: str, user_message: Any, actor: str | None, require_draft: bool) -> Turn:
+        check.project_id(project_id)
+        message = check.message("user_message", user_message, self.b.limits)
+        actor = check.actor(actor)
+        with self.b.tx(read_only=True) as conn:
+            project = self.projects.load(conn, project_id)
+            running = self._running(conn, project_id)
+        if running is not None:  # refuse before doing any work (re-checked under the lock below)
+            raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running", turn_id=running)
+        if project.active_draft_id is None and require_draft:
+            raise E.DraftNone(f"project {project_id} has no draft to continue", project_id=project_id)
+        if project.active_draft_id is not None:
+            # writes an older release's dead worker left unsealed (turn ends seal their own)
+            self.sealing.seal(project.active_draft_id)
+        now = utcnow()
+        tid = new_id()
+        try:
+            with self.b.tx() as conn:
+                project = self.projects.load(conn, project_id, lock=True)
+                draft = self.drafts.active(conn, project, lock=True)
+                if draft is None:
+                    if require_draft:
+                        raise E.DraftNone(f"project {project_id} has no draft to continue", project_id=project_id)
+                    draft = self.drafts.derive(conn, project, now)
+                if draft.status == DraftStatus.PUBLISHING:
+                    raise E.DraftBusy(f"draft {draft.id} is being published", draft_id=draft.id)
+                running = self._running(conn, project_id)
+                if running is not None:
+                    raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running",
+                                               turn_id=running)
+                number = (conn.execute(sa.select(sa.func.max(T.c.number)).where(T.c.project_id == project_id))
+                          .scalar() or 0) + 1
+                state = self.b.blobs.put(state_blob(draft.characters_json, draft.world_settings_json))
+                conn.execute(T.insert().values(
+                    id=tid, project_id=project_id, draft_id=draft.id, number=number,
+                    continues_turn_id=draft.last_turn_id, base_version_id=draft.base_version_id, actor=actor,
+                    status=_RUNNING, user_message_json=message, start_root=draft.code_manifest_key,
+                    start_state_digest=state, started_at=now,
+                ))
+                conn.execute(D.update().where(D.c.id == draft.id).values(
+                    status=DraftStatus.RUNNING, last_turn_id=tid, status_changed_at=now, revision=D.c.revision + 1))
+                row = conn.execute(sa.select(*_SUMMARY).where(T.c.id == tid)).one()
+        except sa_exc.IntegrityError as exc:
+            # the partial unique indexes caught a race the checks above could not see
+            raise E.TurnAlreadyRunning(f"another turn of project {project_id} started first") from exc
+        self._beat(tid)
+        self.b.emit(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
+        self.b.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
+        return turn_record(row)
+
+    @staticmethod
+    def _running(conn: Connection, project_id: str) -> str | None:
+        return conn.execute(sa.select(T.c.id).where(T.c.project_id == project_id, T.c.status == _RUNNING)).scalar()
+
+    # -- end -----------------------------------------------------------------------------------
+    def complete(self, turn_id: str, assistant_message: Any) -> Turn:
+        check.turn_id(turn_id)
+        message = check.message("assistant_message", assistant_message, self.b.limits)
+        return self.end(turn_id, TurnStatus.COMPLETED, DraftStatus.PAUSED, {"assistant_message_json": message})
+
+    def interrupt(self, turn_id: str, partial_response: Any = None) -> Turn:
+        check.turn_id(turn_id)
+        values: dict[str, Any] = {}
+        if partial_response is not None:
+            values["partial_response_json"] = check.json_value(
+                "partial_response", partial_response, self.b.limits.max_json_state_bytes)
+        return self.end(turn_id, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, values)
+
+    def fail(self, turn_id: str, error: Any) -> Turn:
+        check.turn_id(turn_id)
+        return self.end(turn_id, TurnStatus.FAILED, DraftStatus.INTERRUPTED,
+                        {"error_json": check.message("error", error, self.b.limits)})
+
+    def end(self, turn_id: str, status: TurnStatus, draft_status: DraftStatus, values: dict[str, Any]) -> Turn:
+        """End a running turn and seal its writes, in one transaction (see the module docstring)."""
+        with self.b.tx(read_only=True) as conn:
+            head = conn.execute(sa.select(T.c.draft_id, T.c.status).where(T.c.id == turn_id)).first()
+        if head is None:
+            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        if head.status != _RUNNING:
+            raise self._not_running(turn_id, head.status)
+        fold = self.sealing.prepare(head.draft_id)
+        now = utcnow()
+        try:
+            with self.b.tx() as conn:
+                draft = self.sealing.lock(conn, head.draft_id)
+                turn = self.finish(conn, turn_id, draft, fold, status, now, values)
+                partial = values.get("partial_response_json")
+                conn.execute(D.update().where(D.c.id == draft.id).values(
+                    status=draft_status, status_changed_at=now, revision=D.c.revision + 1,
+                    **({"partial_response_json": partial} if partial is not None else {})))
+                faults.point("turn.end.before_commit")
+        finally:
+            fold.settle()
+        self.ended(turn)
+        return turn
+
+    def finish(self, conn: Connection, turn_id: str, draft: Any, fold: Fold, status: TurnStatus, now: Any,
+               values: dict[str, Any]) -> Turn:
+        """Within the caller's transaction, with ``draft`` (the turn's draft row)
+        locked: end the running turn ``turn_id`` as ``status``, seal the draft's
+        overlay (``fold``, prepared before) into its end root, record the end
+        state and compact its history. Raises ``turn.not_running`` (rolling the
+        caller's transaction back)."""
+        row = conn.execute(self.b.for_update(sa.select(T.c.status).where(T.c.id == turn_id))).first()
+        if row is None or row.status != _RUNNING:
+            raise self._not_running(turn_id, None if row is None else row.status)
+        root, _ = self.sealing.apply(conn, fold, draft)
+        state = self.b.blobs.put(state_blob(draft.characters_json, draft.world_settings_json))
+        calls = self.toolcalls.compact(conn, turn_id)
+        row = conn.execute(T.update().where(T.c.id == turn_id).values(
+            status=status, ended_at=now, end_root=root, end_state_digest=state, tool_calls_json=calls, **values,
+        ).returning(*T.c)).one()
+        calls_read, _ = self.toolcalls.read(conn, row)
+        return turn_record(row, calls_read)
+
+    def ended(self, turn: Turn) -> None:
+        """After the ending transaction committed: drop the heartbeat, tell SSE."""
+        try:
+            self.b.coord.forget(f"turn:{turn.id}")
+        except E.DraftstoreError:
+            pass
+        stream = f"turn:{turn.id}"
+        self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root})
+        self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id})
+        self.b.expire_stream(stream)
+
+    def _not_running(self, turn_id: str, status: str | None) -> E.DraftstoreError:
+        if status is None:
+            return E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        return E.TurnNotRunning(f"turn {turn_id} is {status}; only a running turn may change its draft",
+                                turn_id=turn_id, status=status)
+
+    # -- heartbeats ---------------------------------------------------------------------------
+    def heartbeat(self, turn_id: str) -> None:
+        check.turn_id(turn_id)
+        with self.b.tx(read_only=True) as conn:
+            status = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).scalar()
+        if status != _RUNNING:
+            raise self._not_running(turn_id, status)
+        self._beat(turn_id)
+
+    def _beat(self, turn_id: str) -> None:
+        try:
+            self.b.coord.beat(f"turn:{turn_id}", self.b.settings.heartbeat_ttl_s)
+        except E.DraftstoreError as exc:
+            log.warning("heartbeat for turn %s not recorded: %s", turn_id, exc)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def get(self, turn_id: str) -> Turn:
+        check.turn_id(turn_id)
+        with self.b.tx(read_only=True) as conn:
+            row = conn.execute(sa.select(T).where(T.c.id == turn_id)).first()
+            if row is None:
+                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            calls, row = self.toolcalls.read(conn, row)
+        return turn_record(row, calls)
+
+    def list(self, project_id: str) -> list[Turn]:
+        with self.b.tx(read_only=True) as conn:
+            self.projects.load(conn, project_id)
+            rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id)
+                                .order_by(T.c.number)).all()
+        return [turn_record(r) for r in rows]
+
+    # -- recovery -------------------------------------------------------------------------------
+    def reap(self) -> int:
+        """Interrupt every running turn older than the heartbeat TTL whose
+        heartbeat lapsed (which seals its writes). Returns how many."""
+        now = utcnow()
+        with self.b.tx(read_only=True) as conn:
+            running = conn.execute(sa.select(T.c.id, T.c.started_at).where(T.c.status == _RUNNING)).all()
+        reaped = 0
+        for tid, started in running:
+            age = (now - aware(started)).total_seconds()  # type: ignore[operator]
+            if age > self.b.settings.heartbeat_ttl_s and not self.b.coord.alive(f"turn:{tid}"):
+                try:
+                    self.end(tid, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, {})
+                    reaped += 1
+                except E.TurnNotRunning:
+                    pass  # ended meanwhile (by its worker, or by another sweeper)
+        return reaped

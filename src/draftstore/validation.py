@@ -1,0 +1,215 @@
+"""Every check on caller input, in one place, before anything is stored.
+
+The database backends disagree on what they accept (PostgreSQL refuses a NUL
+character and a string longer than its column; SQLite takes both), so every
+value crosses a check here first and the outcome is the same typed error on
+every backend: ``input.invalid`` (or a more specific code) and nothing changed.
+
+Rules for stored text (names, actors, summaries, tool names, messages, JSON
+strings): a ``str``, valid Unicode (no lone surrogate), no NUL character,
+within its length limit. Paths have their own validator (``paths.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+
+from . import errors as E
+from .paths import normalize_path, parent_dirs
+from .settings import Limits
+
+__all__ = [
+    "JSONText",
+    "dump_json",
+    "as_value",
+    "text",
+    "name",
+    "actor",
+    "json_text",
+    "json_value",
+    "message",
+    "file_data",
+    "batch",
+    "batch_shape",
+    "project_id",
+    "turn_id",
+    "version_id",
+    "seq",
+    "MAX_NAME_CHARS",
+    "MAX_ACTOR_CHARS",
+]
+
+MAX_NAME_CHARS = 200  # project names, tool names (the columns' length)
+MAX_ACTOR_CHARS = 200
+_MAX_SEQ = 2**31 - 1  # the seq column is a 32-bit integer
+
+_ID = re.compile(r"[0-9a-f]{32}")
+# json.dumps writes NUL as \u0000; an escaped backslash before "u0000" is not one
+_JSON_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
+
+
+class JSONText(str):
+    """JSON text already serialised and checked; stored as it is (``dump_json``
+    passes it through, so a value is never serialised twice)."""
+
+    __slots__ = ()
+
+
+def dump_json(value: Any) -> str:
+    """The serialiser the database engines use for JSON columns."""
+    if isinstance(value, JSONText):
+        return value
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+
+
+def as_value(value: Any) -> Any:
+    """The Python value of ``value`` (parsed if it is checked ``JSONText``)."""
+    return json.loads(value) if isinstance(value, JSONText) else value
+
+
+def _check_chars(field: str, value: str) -> None:
+    if "\x00" in value:
+        raise E.InvalidInput(f"{field} contains a NUL character", field=field)
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise E.InvalidInput(f"{field} is not valid Unicode (it holds a lone surrogate)", field=field) from None
+
+
+def text(field: str, value: Any, *, max_chars: int | None = None, max_bytes: int | None = None) -> str:
+    """A stored string. Raises ``input.invalid``, or ``payload.too_large`` past ``max_bytes``."""
+    if not isinstance(value, str):
+        raise E.InvalidInput(f"{field} must be a string", field=field)
+    _check_chars(field, value)
+    if max_chars is not None and len(value) > max_chars:
+        raise E.InvalidInput(f"{field} is longer than {max_chars} characters", field=field, limit=max_chars)
+    if max_bytes is not None and len(value.encode("utf-8")) > max_bytes:
+        raise E.PayloadTooLarge(f"{field} is larger than {max_bytes} bytes", field=field, limit=max_bytes)
+    return value
+
+
+def name(field: str, value: Any) -> str:
+    """A non-empty name (project, tool), stripped of surrounding blanks."""
+    cleaned = text(field, value, max_chars=MAX_NAME_CHARS).strip()
+    if not cleaned:
+        raise E.InvalidInput(f"{field} must not be empty", field=field)
+    return cleaned
+
+
+def actor(value: Any) -> str | None:
+    """Who did it (recorded on turns, versions, head moves, closed drafts); None is anonymous."""
+    return None if value is None else text("actor", value, max_chars=MAX_ACTOR_CHARS)
+
+
+def json_text(field: str, value: Any, max_bytes: int, *,
+              error: type[E.InvalidInput] = E.InvalidInput) -> tuple[JSONText, bool]:
+    """Serialise a JSON value: JSON-serialisable (no NaN or infinity), valid
+    Unicode, at most ``max_bytes`` UTF-8 bytes. Returns (text, whether a string
+    in it holds a NUL character). Raises ``error`` or ``payload.too_large``."""
+    try:
+        out = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise error(f"{field} is not a JSON value: {exc}", field=field) from exc
+    try:
+        size = len(out.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise error(f"{field} is not valid Unicode (it holds a lone surrogate)", field=field) from None
+    if size > max_bytes:
+        raise E.PayloadTooLarge(f"{field} is larger than {max_bytes} bytes", field=field, limit=max_bytes)
+    return JSONText(out), "\\u0000" in out and _JSON_NUL.search(out) is not None
+
+
+def json_value(field: str, value: Any, max_bytes: int, *, error: type[E.InvalidInput] = E.InvalidInput) -> JSONText:
+    """``json_text`` for a stored document, which may not hold a NUL character
+    anywhere (PostgreSQL's JSONB cannot)."""
+    out, nul = json_text(field, value, max_bytes, error=error)
+    if nul:
+        raise error(f"{field} contains a NUL character", field=field)
+    return out
+
+
+def message(field: str, value: Any, limits: Limits) -> JSONText:
+    """A chat message or an error: any JSON value but null (a string stays valid)."""
+    if value is None:
+        raise E.InvalidInput(f"{field} is required", field=field)
+    return json_value(field, value, limits.max_message_bytes)
+
+
+def file_data(path: str, data: Any, limits: Limits) -> bytes:
+    """File content: bytes (or a str, stored as UTF-8). None is refused: deleting is ``delete_file``."""
+    if data is None:
+        raise E.InvalidInput(f"content of {path!r} is None; use delete_file to delete", path=path)
+    if isinstance(data, str):
+        try:
+            data = data.encode("utf-8")
+        except UnicodeEncodeError:
+            raise E.InvalidInput(f"content of {path!r} is not valid Unicode (lone surrogate)", path=path) from None
+    elif isinstance(data, (bytes, bytearray, memoryview)):
+        data = bytes(data)
+    else:
+        raise E.InvalidInput(f"content of {path!r} must be bytes or str", path=path)
+    if len(data) > limits.max_file_bytes:
+        raise E.PayloadTooLarge(f"{path!r} is {len(data)} bytes, larger than {limits.max_file_bytes}",
+                                path=path, limit=limits.max_file_bytes)
+    return data
+
+
+def batch(changes: Any, max_paths: int, field: str, limits: Limits) -> dict[str, bytes | None]:
+    """``{path: content | None}`` (None deletes): every path canonical and named
+    once, contents within limits, no path both a file and a directory of another."""
+    if not isinstance(changes, Mapping):
+        raise E.InvalidInput(f"{field} must be a mapping of path to bytes (or None to delete)", field=field)
+    if len(changes) > max_paths:
+        raise E.LimitExceeded(f"more than {max_paths} paths in one call", limit=max_paths)
+    cleaned: dict[str, bytes | None] = {}
+    for raw, data in changes.items():
+        path = normalize_path(raw, limits)
+        if path in cleaned:
+            raise E.PathConflict(f"path {path!r} given twice", path=path)
+        cleaned[path] = None if data is None else file_data(path, data, limits)
+    batch_shape(cleaned)
+    return cleaned
+
+
+def batch_shape(writes: Mapping[str, Any]) -> None:
+    """No written path may also be a directory of another written path."""
+    for path, value in writes.items():
+        if value is None:  # a deletion never makes a directory
+            continue
+        for parent in parent_dirs(path):
+            if writes.get(parent) is not None:
+                raise E.PathConflict(f"{parent!r} cannot be a file and a directory", path=parent)
+
+
+def _ident(value: Any, field: str, missing: type[E.NotFound]) -> str:
+    """An id: a string, else ``input.invalid``; a string that cannot be an id
+    names nothing, so it is ``<kind>.not_found`` (and never reaches the database)."""
+    if not isinstance(value, str):
+        raise E.InvalidInput(f"{field} must be a string", field=field)
+    if _ID.fullmatch(value) is None:
+        raise missing(f"no {field.removesuffix('_id')} {value[:80]!r}", **{field: value[:80]})
+    return value
+
+
+def project_id(value: Any) -> str:
+    return _ident(value, "project_id", E.ProjectNotFound)
+
+
+def turn_id(value: Any) -> str:
+    return _ident(value, "turn_id", E.TurnNotFound)
+
+
+def version_id(value: Any) -> str:
+    return _ident(value, "version_id", E.VersionNotFound)
+
+
+def seq(turn: str, value: Any) -> int:
+    """A tool call's sequence number (1, 2, 3, ...)."""
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise E.InvalidInput("seq must be an integer", field="seq")
+    if not 1 <= value <= _MAX_SEQ:
+        raise E.ToolCallNotFound(f"turn {turn} has no tool call {value}", turn_id=turn, seq=value)
+    return value
