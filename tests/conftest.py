@@ -4,10 +4,13 @@ Fixtures for everyone:
 
 - ``blob_store``  — params ``embedded`` (DirectoryBlobStore in tmp_path) and
   ``real`` (S3BlobStore on SeaweedFS/S3, fresh key prefix per test).
-- ``coordinator`` — params ``embedded`` (MemoryCoordinator) and ``real``
+- ``coordinator`` — params ``memory`` (MemoryCoordinator), ``sqlite``
+  (SqliteCoordinator in tmp_path) and ``real``
   (RedisCoordinator, fresh key prefix per test).
-- ``stack``       — params ``embedded`` and ``real``; a dict with
-  ``database_url``, ``blob_url`` and ``coord_url``. The real one shares the
+- ``stack``       — params ``embedded`` and ``real``; a dict of the URLs
+  ``Store.open`` takes. The embedded one is what a user gets with nothing
+  configured: a SQLite database, a blob directory and (no ``coord_url``) the
+  SQLite coordinator file beside the database. The real one shares the
   session's PostgreSQL database (tests create projects with unique ids) and
   gets its own S3 key prefix and Redis prefix per test.
 - session-scoped building blocks: ``real_postgres``, ``real_redis``, ``real_s3``
@@ -86,13 +89,22 @@ def blob_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     store.close()
 
 
-@pytest.fixture(params=FLAVOURS)
-def coordinator(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """A fresh coordinator with no locks, events or heartbeats (max_events=10,000)."""
-    if request.param == "embedded":
+@pytest.fixture(params=["memory", "sqlite", pytest.param("real", marks=pytest.mark.real)])
+def coordinator(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
+    """A fresh coordinator with no locks, events or heartbeats (max_events=10,000).
+
+    ``memory`` (MemoryCoordinator) and ``sqlite`` (SqliteCoordinator on a file
+    in tmp_path) are the embedded flavours; ``real`` is RedisCoordinator with a
+    fresh key prefix.
+    """
+    if request.param == "memory":
         from draftstore.coord import MemoryCoordinator
 
         coord: Any = MemoryCoordinator()
+    elif request.param == "sqlite":
+        from draftstore.coord import SqliteCoordinator
+
+        coord = SqliteCoordinator(tmp_path / "coord" / "coord.db")
     else:
         from draftstore.coord.redis import RedisCoordinator
 
@@ -109,7 +121,6 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
         return {
             "database_url": f"sqlite:///{tmp_path}/ds.db",
             "blob_url": f"file://{tmp_path}/blobs",
-            "coord_url": "memory://",
         }
     pg: PostgresDatabase = request.getfixturevalue("real_postgres")
     s3: S3Service = request.getfixturevalue("real_s3")

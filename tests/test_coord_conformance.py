@@ -1,27 +1,38 @@
 """Coordinator conformance: locks, event buffers and heartbeats behave alike everywhere.
 
-Runs on the embedded MemoryCoordinator and on RedisCoordinator against a real
-Redis (``coordinator`` fixture). A backend is done when it passes this.
+Runs on the embedded MemoryCoordinator and SqliteCoordinator and on
+RedisCoordinator against a real Redis (``coordinator`` fixture). A backend is
+done when it passes this. The SQLite coordinator's reason to exist -- one file
+shared by every Store and process on the same embedded data -- is tested at the
+end, with real OS processes.
 """
 
 from __future__ import annotations
 
+import os
 import socket
+import sqlite3
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from draftstore.coord import Coordinator, MemoryCoordinator, locked, open_coordinator
+from draftstore.coord import Coordinator, MemoryCoordinator, SqliteCoordinator, locked, open_coordinator
 from draftstore.coord.redis import RedisCoordinator
-from draftstore.errors import BackendUnavailable, LockTimeout
+from draftstore.errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
 
 
 def _same_flavour(coord: Any, max_events: int) -> Any:
     """A coordinator of the same backend and namespace with a smaller event buffer."""
     if isinstance(coord, MemoryCoordinator):
         return MemoryCoordinator(max_events=max_events)
+    if isinstance(coord, SqliteCoordinator):
+        return SqliteCoordinator(coord.path, max_events=max_events)
     return RedisCoordinator.from_url(f"{coord.url}&max_events={max_events}")
 
 
@@ -197,6 +208,53 @@ def test_concurrent_appenders_lose_nothing_and_never_share_an_id(coordinator: Co
         assert [e.data["seq"] for e in events if e.data["thread"] == i] == list(range(per_thread))
 
 
+# -- stream expiry (event streams of ended turns must not pile up) --------------------------------
+def test_an_expired_stream_reads_empty_and_later_appends_number_from_one(coordinator: Coordinator) -> None:
+    for i in range(3):
+        coordinator.append("turn:ended", "token", {"i": i})
+    coordinator.append("turn:still-running", "token")
+    coordinator.expire("turn:ended", ttl_s=0.3)
+    assert [e.id for e in coordinator.read("turn:ended")] == [1, 2, 3]  # readable until the ttl passes
+    time.sleep(0.5)
+    assert coordinator.read("turn:ended") == []
+    assert [e.id for e in coordinator.read("turn:still-running")] == [1]  # other streams untouched
+    assert coordinator.append("turn:ended", "token") == 1
+
+
+def test_appending_after_expire_does_not_cancel_the_expiry(coordinator: Coordinator) -> None:
+    coordinator.append("turn:late", "turn.ended")
+    coordinator.expire("turn:late", ttl_s=0.3)
+    assert coordinator.append("turn:late", "late.event") == 2  # numbering goes on meanwhile
+    time.sleep(0.5)
+    assert coordinator.read("turn:late") == []
+
+
+def test_expiring_a_stream_that_does_not_exist_changes_nothing(coordinator: Coordinator) -> None:
+    coordinator.expire("turn:never-written", ttl_s=0.2)
+    assert coordinator.read("turn:never-written") == []
+    # A stream created afterwards does not inherit an expiry.
+    assert coordinator.append("turn:never-written", "token") == 1
+    time.sleep(0.4)
+    assert [e.id for e in coordinator.read("turn:never-written")] == [1]
+
+
+def test_expiring_again_replaces_the_earlier_expiry(coordinator: Coordinator) -> None:
+    coordinator.append("turn:resumed", "token")
+    coordinator.expire("turn:resumed", ttl_s=0.2)
+    coordinator.expire("turn:resumed", ttl_s=60)
+    time.sleep(0.4)
+    assert [e.id for e in coordinator.read("turn:resumed")] == [1]
+
+
+def test_a_trimmed_stream_starts_afresh_without_the_old_expiry(coordinator: Coordinator) -> None:
+    coordinator.append("turn:t10", "token")
+    coordinator.expire("turn:t10", ttl_s=0.2)
+    coordinator.trim("turn:t10")
+    assert coordinator.append("turn:t10", "token") == 1
+    time.sleep(0.4)
+    assert [e.id for e in coordinator.read("turn:t10")] == [1]
+
+
 # -- heartbeats ----------------------------------------------------------------------------------
 def test_a_heartbeat_is_alive_until_its_ttl_passes(coordinator: Coordinator) -> None:
     assert not coordinator.alive("turn:t7")
@@ -274,3 +332,256 @@ def test_each_prefix_is_its_own_namespace(real_redis) -> None:  # type: ignore[n
     finally:
         a.close()
         b.close()
+
+
+# -- SQLite specifics: one file shared by every Store and process on the same data -------------------
+def _python(code: str) -> "subprocess.Popen[str]":
+    """Another OS process running ``code`` with this interpreter (the venv's, draftstore installed)."""
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _finish(proc: "subprocess.Popen[str]") -> None:
+    proc.communicate(timeout=60)
+    assert proc.returncode == 0
+
+
+def test_two_coordinators_on_one_file_share_heartbeats_locks_and_events(tmp_path: Path) -> None:
+    # Two Stores in one process on the same embedded data: each opens its own coordinator.
+    sweeper, worker = SqliteCoordinator(tmp_path / "coord.db"), SqliteCoordinator(tmp_path / "coord.db")
+    try:
+        worker.beat("turn:live", ttl_s=30)
+        assert sweeper.alive("turn:live")  # so the sweeper does not reap a live turn
+        worker.forget("turn:live")
+        assert not sweeper.alive("turn:live")
+
+        lock = worker.acquire("draft:p1", ttl_s=30, timeout_s=0)
+        with pytest.raises(LockTimeout):
+            sweeper.acquire("draft:p1", ttl_s=30, timeout_s=0.1)
+        assert sweeper.acquire("draft:p2", ttl_s=30, timeout_s=0).release()
+        assert lock.release()
+        assert sweeper.acquire("draft:p1", ttl_s=30, timeout_s=0).release()
+
+        assert worker.append("turn:t", "a") == 1
+        assert sweeper.append("turn:t", "b") == 2
+        assert [e.type for e in sweeper.read("turn:t")] == ["a", "b"]
+        worker.expire("turn:t", ttl_s=0.2)
+        time.sleep(0.4)
+        assert sweeper.read("turn:t") == []
+    finally:
+        sweeper.close()
+        worker.close()
+
+
+def test_a_heartbeat_and_events_from_another_process_are_seen_here(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    here = SqliteCoordinator(path)
+    try:
+        here.append("turn:w", "turn.started")  # this process writes first: the other one continues
+        worker = _python(
+            f"""
+            from draftstore.coord import SqliteCoordinator
+            coord = SqliteCoordinator({str(path)!r})
+            coord.beat("turn:w", ttl_s=60)
+            print(coord.append_many([("turn:w", "token", {{"i": i}}) for i in range(3)]))
+            coord.close()
+            """
+        )
+        out, _ = worker.communicate(timeout=60)
+        assert worker.returncode == 0
+        assert out.strip() == "[2, 3, 4]"
+        assert here.alive("turn:w")
+        assert [(e.id, e.type) for e in here.read("turn:w")] == [
+            (1, "turn.started"), (2, "token"), (3, "token"), (4, "token"),
+        ]
+        assert here.read("turn:w")[3].data == {"i": 2}
+    finally:
+        here.close()
+
+
+def test_a_lock_held_by_another_process_blocks_this_one_until_released(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    here = SqliteCoordinator(path)
+    holder = _python(
+        f"""
+        import sys
+        from draftstore.coord import SqliteCoordinator
+        coord = SqliteCoordinator({str(path)!r})
+        lock = coord.acquire("publish:p1", ttl_s=60, timeout_s=10)
+        print("locked", flush=True)
+        sys.stdin.readline()  # hold it until told to let go
+        assert lock.release()
+        coord.close()
+        """
+    )
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(LockTimeout):
+            here.acquire("publish:p1", ttl_s=30, timeout_s=0.3)
+        holder.stdin.write("release\n")
+        holder.stdin.flush()
+        # Waits for the other process to let go, then gets it.
+        here.acquire("publish:p1", ttl_s=30, timeout_s=30).release()
+        _finish(holder)
+    finally:
+        if holder.returncode is None:  # the test failed half-way: do not leave it waiting
+            holder.kill()
+            holder.communicate()
+        here.close()
+
+
+def test_a_process_that_died_holding_a_lock_frees_it_after_its_ttl(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    _finish(
+        _python(
+            f"""
+            import os
+            from draftstore.coord import SqliteCoordinator
+            SqliteCoordinator({str(path)!r}).acquire("turn:crashed", ttl_s=0.3, timeout_s=5)
+            os._exit(0)  # dies without releasing or closing
+            """
+        )
+    )
+    here = SqliteCoordinator(path)
+    try:
+        here.acquire("turn:crashed", ttl_s=30, timeout_s=10).release()
+    finally:
+        here.close()
+
+
+def test_appenders_in_several_processes_get_unique_gap_free_ids(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    SqliteCoordinator(path).close()  # create the schema once, before the race
+    n_procs, per_proc = 4, 40
+    procs = [
+        _python(
+            f"""
+            from draftstore.coord import SqliteCoordinator
+            coord = SqliteCoordinator({str(path)!r})
+            for j in range({per_proc}):
+                coord.append("turn:busy", "token", {{"proc": {i}, "seq": j}})
+            coord.close()
+            """
+        )
+        for i in range(n_procs)
+    ]
+    for proc in procs:
+        _finish(proc)
+    here = SqliteCoordinator(path)
+    try:
+        events = here.read("turn:busy", limit=10_000)
+        assert [e.id for e in events] == list(range(1, n_procs * per_proc + 1))
+        for i in range(n_procs):
+            assert [e.data["seq"] for e in events if e.data["proc"] == i] == list(range(per_proc))
+    finally:
+        here.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_worker_forked_after_opening_keeps_using_the_shared_file(tmp_path: Path) -> None:
+    coord = SqliteCoordinator(tmp_path / "coord.db")
+    try:
+        coord.append("turn:f", "before.fork")  # the pool now holds an open connection
+        pid = os.fork()
+        if pid == 0:  # the forked worker: must open its own connections, not reuse the parent's
+            ok = coord.append("turn:f", "in.child") == 2 and coord.alive("turn:f") is False
+            coord.beat("turn:f", ttl_s=60)
+            os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert [e.type for e in coord.read("turn:f")] == ["before.fork", "in.child"]
+        assert coord.alive("turn:f")
+    finally:
+        coord.close()
+
+
+def test_expired_streams_leave_the_file_not_just_the_reads(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    coord = SqliteCoordinator(path)
+    try:
+        for t in range(3):
+            coord.append(f"turn:ended-{t}", "turn.ended")
+            coord.expire(f"turn:ended-{t}", ttl_s=0.2)
+        time.sleep(0.4)
+        coord.append("turn:next", "turn.started")  # an append purges expired streams on its way
+        with sqlite3.connect(path) as raw:
+            streams = {s for (s,) in raw.execute("SELECT stream FROM streams")}
+            leftover = raw.execute("SELECT count(*) FROM events WHERE stream LIKE 'turn:ended-%'").fetchone()[0]
+        raw.close()
+        assert streams == {"turn:next"}
+        assert leftover == 0
+    finally:
+        coord.close()
+
+
+def test_the_sqlite_url_names_a_file_relative_or_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    relative = open_coordinator("sqlite:///state/rel.db?max_events=3")
+    absolute = open_coordinator(f"sqlite:///{tmp_path}/abs dir/abs.db")  # four slashes: an absolute path
+    try:
+        assert isinstance(relative, SqliteCoordinator) and isinstance(absolute, SqliteCoordinator)
+        assert Path(relative.path) == tmp_path / "state" / "rel.db"  # parent directory created
+        assert Path(absolute.path) == tmp_path / "abs dir" / "abs.db"
+        assert [relative.append("s", "x") for _ in range(5)] == [1, 2, 3, 4, 5]
+        assert [e.id for e in relative.read("s")] == [3, 4, 5]  # max_events=3
+        # .url opens the same file again, wherever the process has moved since.
+        monkeypatch.chdir("/")
+        again = open_coordinator(relative.url)
+        assert [e.id for e in again.read("s")] == [3, 4, 5]
+        again.close()
+    finally:
+        relative.close()
+        absolute.close()
+    for bad in ("sqlite://host/x.db", "sqlite://", f"sqlite:///{tmp_path}/x.db?max_events=many",
+                f"sqlite:///{tmp_path}/x.db?max_events=0", f"sqlite:///{tmp_path}/x.db?timeout=3"):
+        with pytest.raises(ConfigInvalid):
+            open_coordinator(bad)
+
+
+def test_an_unusable_coordinator_file_is_a_typed_backend_error(tmp_path: Path) -> None:
+    (tmp_path / "a-file").write_text("not a directory")
+    with pytest.raises(BackendUnavailable) as info:
+        SqliteCoordinator(tmp_path / "a-file" / "coord.db")
+    assert info.value.code == "backend.unavailable" and info.value.__cause__ is not None
+
+    (tmp_path / "garbage.db").write_bytes(b"this is not an SQLite database file, not at all" * 100)
+    with pytest.raises(BackendError) as err:
+        SqliteCoordinator(tmp_path / "garbage.db")
+    assert err.value.code.startswith("backend.") and isinstance(err.value.__cause__, sqlite3.Error)
+
+
+def test_a_coordinator_file_from_a_newer_release_is_refused_not_misread(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    SqliteCoordinator(path).close()
+    with sqlite3.connect(path) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+        raw.execute("PRAGMA user_version = 99")
+    raw.close()
+    with pytest.raises(BackendError, match="v99"):
+        SqliteCoordinator(path)
+
+
+def test_closing_closes_every_connection_and_can_be_repeated(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    coord = SqliteCoordinator(path)
+    start = threading.Barrier(6)
+
+    def busy(i: int) -> None:
+        start.wait()  # all at once, so several connections are open together
+        for j in range(20):
+            coord.append(f"turn:{i}", "token", {"j": j})
+            coord.beat(f"turn:{i}", ttl_s=30)
+
+    assert _run_threads(6, busy) == []
+    assert Path(f"{path}-wal").exists()
+    coord.close()
+    # SQLite deletes the WAL file when the last connection to the database closes.
+    assert not Path(f"{path}-wal").exists()
+    coord.close()
+    with pytest.raises(BackendUnavailable):
+        coord.append("turn:0", "late")

@@ -6,14 +6,22 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from draftstore import Settings
 from draftstore.blobs import open_blob_store
 from draftstore.coord import open_coordinator
 
 
+def _coord_url(stack: dict[str, str]) -> str:
+    """The coordinator a store on this stack uses (embedded: the default, beside the database)."""
+    return Settings(**stack).resolved_coord_url()
+
+
 def test_the_stack_names_three_stores_that_open(stack: dict[str, str]) -> None:
-    assert set(stack) == {"database_url", "blob_url", "coord_url"}
+    assert set(stack) <= {"database_url", "blob_url", "coord_url"} and "database_url" in stack
+    coord_url = _coord_url(stack)
+    assert coord_url.startswith("sqlite:///" if "coord_url" not in stack else "redis://")
     blobs = open_blob_store(stack["blob_url"])
-    coord = open_coordinator(stack["coord_url"])
+    coord = open_coordinator(coord_url)
     try:
         digest = blobs.put(b"stack check")
         assert blobs.get(digest) == b"stack check"
@@ -26,7 +34,7 @@ def test_the_stack_names_three_stores_that_open(stack: dict[str, str]) -> None:
 def test_each_test_gets_a_fresh_blob_and_coordinator_namespace(stack: dict[str, str]) -> None:
     # Same writes as the previous test: they would collide if state leaked.
     blobs = open_blob_store(stack["blob_url"])
-    coord = open_coordinator(stack["coord_url"])
+    coord = open_coordinator(_coord_url(stack))
     try:
         assert list(blobs.iter_digests()) == []
         assert coord.read("turn:stack") == []

@@ -44,6 +44,17 @@ def _handle_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     return wrapper
 
 
+def _message_text(value: Any) -> str:
+    """A JSON message as one line of text: a string as it is, else its text parts, else JSON."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, dict) and isinstance(value.get("content"), list):
+        texts = [part.get("text") for part in value["content"] if isinstance(part, dict)]
+        if texts and all(isinstance(t, str) for t in texts):
+            return " ".join(texts)
+    return json.dumps(value, ensure_ascii=False)
+
+
 def _open(migrate: bool | None = None) -> Store:
     return Store.open(migrate=migrate)
 
@@ -170,7 +181,7 @@ def log_cmd(project_id: str) -> None:
         console.print(moves)
         turns = Table("#", "turn", "status", "user message", title="turns")
         for t in store.list_turns(project_id):
-            turns.add_row(str(t.number), t.id, t.status, t.user_message[:60])
+            turns.add_row(str(t.number), t.id, t.status, escape(_message_text(t.user_message)[:60]))
         console.print(turns)
 
 
@@ -182,9 +193,11 @@ def show(turn_id: str) -> None:
     with _open() as store:
         t = store.get_turn(turn_id)
         console.print(f"turn {t.id} #{t.number} [bold]{t.status}[/bold]  draft {t.draft_id}")
-        console.print(f"  user: {t.user_message}")
-        if t.assistant_message:
-            console.print(f"  assistant: {t.assistant_message}")
+        console.print(f"  user: {escape(_message_text(t.user_message))}")
+        if t.assistant_message is not None:
+            console.print(f"  assistant: {escape(_message_text(t.assistant_message))}")
+        if t.error is not None:
+            console.print(f"  error: {escape(_message_text(t.error))}")
         for c in t.tool_calls:
             args = c.args_preview if c.args_offloaded else json.dumps(c.args)
             console.print(f"  {c.seq:>4} {c.tool_name} {c.status} {args[:80]}")

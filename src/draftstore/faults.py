@@ -1,7 +1,8 @@
 """Named points where a crash test can stop a process and kill it for real.
 
-A point does nothing unless ``DRAFTSTORE_PAUSE_AT`` names it (comma-separated
-names, read once at import). Then the process that reaches it writes
+A point does nothing unless it is armed: by ``DRAFTSTORE_PAUSE_AT`` (comma-
+separated names, read at import) or by ``arm(name)`` (from a test's worker
+script, once it has done what must not pause). Then the process that reaches it writes
 ``draftstore: paused at <name>`` to stderr and waits, so a test that started
 it as a subprocess can ``kill -9`` it at exactly that moment and then check
 what another process sees. Production never sets the variable; a disabled
@@ -19,10 +20,15 @@ import os
 import sys
 import time
 
-__all__ = ["point", "PAUSE_ENV"]
+__all__ = ["point", "arm", "PAUSE_ENV"]
 
 PAUSE_ENV = "DRAFTSTORE_PAUSE_AT"
-_ARMED = frozenset(n.strip() for n in os.environ.get(PAUSE_ENV, "").split(",") if n.strip())
+_ARMED = {n.strip() for n in os.environ.get(PAUSE_ENV, "").split(",") if n.strip()}
+
+
+def arm(*names: str) -> None:
+    """Make the named points pause this process from now on."""
+    _ARMED.update(names)
 
 
 def point(name: str) -> None:

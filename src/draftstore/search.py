@@ -1,73 +1,173 @@
-"""Globs and code search over a state: pure functions, no I/O of their own.
+r"""Globs and code search over a state: pure functions, no I/O of their own.
 
-Glob rules (matched against the whole '/'-separated path, case-sensitive):
+Every pattern runs on RE2 (google-re2): time linear in the text, so no
+agent-supplied pattern can hang a worker by backtracking.
+
+Search (``Searcher``, ``View.search_code``): a literal (the default) matches its
+exact text; ``regex=True`` takes RE2 syntax, https://github.com/google/re2/wiki/Syntax
+-- ``\d \w \s \b``, ``[[:alpha:]]``, ``\pL``, lazy quantifiers, named groups,
+flags ``(?i) (?s) (?U)``, ``\A``, ``\z`` (not ``\Z``). RE2 refuses what needs
+backtracking -- backreferences (``\1``, ``(?P=name)``), lookaround (``(?=``
+``(?!`` ``(?<=`` ``(?<!``), atomic groups ``(?>``, possessive ``a++``, recursion
+-- and such a pattern, or a malformed one, raises ``pattern.invalid`` saying
+what is wrong. ``ignore_case=True`` (literal or regex) folds case Unicode-wide.
+
+Lines are grep's: split on ``\n`` only; a ``\r`` before it (or ending the file)
+is part of the terminator, so ``$`` matches at a CRLF line end and no returned
+line ends in that ``\r``. A line matches when the pattern matches within it
+(``^``/``$`` anchor at line ends; no match spans lines), so the pattern always
+matches the returned line. ``.`` and classes match whole UTF-8 characters, never
+an invalid byte. Files with a NUL in their first 8 KiB are binary, skipped.
+
+Globs (``compile_glob``, against the whole '/'-separated path, case-sensitive):
 ``*`` any run of characters within one segment, ``?`` one character within a
-segment, ``[abc]`` / ``[!abc]`` a character class, and a whole segment ``**``
-any number of directories (including none). So ``*.py`` matches top-level
-files only and ``**/*.py`` matches at any depth.
+segment, ``[abc]`` ``[a-z]`` ``[!abc]`` (or ``[^abc]``) a class that never
+matches '/' (a ``]`` first in it is a member: ``[]]``), a whole segment ``**``
+any number of directories, none included. So ``*.py`` matches top-level files
+only and ``**/*.py`` any depth. An unclosed ``[`` raises ``pattern.invalid``.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import re2
+
 from .errors import PatternInvalid
 
-__all__ = ["compile_glob", "glob_base", "SearchMatch", "SearchResult", "Searcher", "MAX_RESULTS_CAP"]
+__all__ = ["compile_glob", "glob_base", "Glob", "SearchMatch", "SearchResult", "Searcher", "MAX_RESULTS_CAP",
+           "RE2_SYNTAX_URL"]
 
+RE2_SYNTAX_URL = "https://github.com/google/re2/wiki/Syntax"
 MAX_RESULTS_CAP = 10_000
 _BINARY_SNIFF = 8192
 _GLOB_CHARS = set("*?[")
+_GLOB_WILDCARDS = {"*": "[^/]*", "?": "[^/]"}
+
+# What PCRE/Python users reach for and RE2 refuses, by the start of the fragment
+# RE2 names in an "invalid perl operator" or "invalid escape sequence" error.
+_UNSUPPORTED = (
+    ("(?<=", "lookbehind (?<=...)"), ("(?<!", "negative lookbehind (?<!...)"),
+    ("(?=", "lookahead (?=...)"), ("(?!", "negative lookahead (?!...)"),
+    ("(?>", "atomic group (?>...)"), ("(?P", "named backreference (?P=name) or recursion (?P>name)"),
+    ("(?#", "inline comment (?#...)"), ("(?|", "branch reset (?|...)"), ("(?(", "conditional (?(...)...)"),
+    ("(?R", "recursion (?R)"), ("(?x", "verbose flag (?x)"), ("\\k", "named backreference \\k<name>"),
+    ("\\g", "backreference \\g"), ("\\Z", "\\Z (use \\z for the end of the text)"),
+)
 
 
-def _segment_regex(seg: str) -> str:
+def _options(*, ignore_case: bool = False, literal: bool = False) -> re2.Options:
+    opts = re2.Options()
+    opts.log_errors = False  # RE2 would print every rejected pattern to stderr
+    opts.case_sensitive, opts.literal = not ignore_case, literal
+    return opts
+
+
+def _compile(pattern: str, opts: re2.Options) -> re2._Regexp:
+    """``pattern`` compiled by RE2, or ``pattern.invalid`` naming what RE2 refused."""
+    try:
+        return re2.compile(pattern, opts)
+    except (re2.error, UnicodeEncodeError) as exc:  # the latter: a lone surrogate
+        raw = exc.args[0] if isinstance(exc, re2.error) and exc.args else exc  # RE2 gives bytes
+        reason = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else str(raw)
+        kind, _, frag = reason.partition(": ")
+        what = None
+        if kind == "bad repetition operator" and frag.endswith("+"):
+            what = f"possessive quantifier {frag}"
+        elif kind == "invalid escape sequence" and frag[1:2].isdigit():
+            what = f"backreference {frag}"
+        elif kind in ("invalid perl operator", "invalid escape sequence"):
+            what = next((name for key, name in _UNSUPPORTED if frag.startswith(key)), None)
+        message = (f"RE2 syntax does not support {what}; see {RE2_SYNTAX_URL}" if what else
+                   f"invalid regular expression: {reason} (patterns use RE2 syntax, see {RE2_SYNTAX_URL})")
+        raise PatternInvalid(message, pattern=pattern[:200], reason=reason) from exc
+
+
+# -- globs ---------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Glob:
+    """A compiled glob: ``match(path)`` is True exactly when the whole path matches."""
+
+    pattern: str
+    _rx: re2._Regexp = field(repr=False)
+    _head: str = field(repr=False)  # literal start and end of every match: a cheap first test
+    _tail: str = field(repr=False)
+    _shape: str = field(repr=False)  # "**" or "**/*": what lies between head and tail, tested without RE2
+
+    def match(self, path: str) -> bool:
+        if not (path.startswith(self._head) and path.endswith(self._tail)):
+            return False
+        if self._shape:  # "**": anything; "**/*": no empty directory name
+            return self._shape == "**" or "//" not in "/" + path[len(self._head):]
+        # bytes: google-re2 maps str offsets back from UTF-8, which costs more than the match
+        return self._rx.fullmatch(path.encode("utf-8", "surrogatepass")) is not None
+
+
+def _class_regex(glob: str, seg: str, i: int) -> tuple[str, int]:
+    """The RE2 class for the glob class opening at ``seg[i]``, and the index of its ']'."""
+    j = i + 2 if seg[i + 1:i + 2] in ("!", "^") else i + 1
+    close = seg.find("]", j + 1)  # a ']' first in the class is a member, as in fnmatch
+    if close < 0:
+        raise PatternInvalid(f"unclosed '[' in glob {glob!r} (a ']' right after '[' or '[!' is a member)", pattern=glob)
+    body, items, k = seg[j:close], [], 0
+    while k < len(body):
+        lo = hi = ord(body[k])
+        if k + 2 < len(body) and body[k + 1] == "-":
+            hi, k = ord(body[k + 2]), k + 3
+        else:
+            k += 1
+        if lo > hi:
+            raise PatternInvalid(f"reversed range {chr(lo)}-{chr(hi)} in glob {glob!r}", pattern=glob)
+        # a class never matches '/' (0x2F): a range across it is split (a segment holds no '/' itself)
+        for a, b in ((lo, min(hi, 0x2E)), (max(lo, 0x30), hi)):
+            if a <= b:
+                items.append(f"\\x{{{a:x}}}" if a == b else f"\\x{{{a:x}}}-\\x{{{b:x}}}")
+    return ("[^/" if j > i + 1 else "[") + "".join(items) + "]", close
+
+
+def _segment_regex(glob: str, seg: str) -> str:
     out: list[str] = []
     i = 0
     while i < len(seg):
-        ch = seg[i]
-        if ch == "*":
-            out.append("[^/]*")
-        elif ch == "?":
-            out.append("[^/]")
-        elif ch == "[":
-            j = seg.find("]", i + 2 if i + 1 < len(seg) and seg[i + 1] in "!^" else i + 1)
-            if j < 0:
-                out.append(re.escape(ch))
-            else:
-                body = seg[i + 1 : j]
-                neg = body[:1] in ("!", "^")
-                if neg:
-                    body = body[1:]
-                body = body.replace("\\", "\\\\")
-                # a negated class never matches the separator
-                out.append(f"[^/{body}]" if neg else f"[{body}]")
-                i = j
+        if seg[i] == "[":
+            cls, i = _class_regex(glob, seg, i)
+            out.append(cls)
         else:
-            out.append(re.escape(ch))
+            out.append(_GLOB_WILDCARDS.get(seg[i]) or re2.escape(seg[i]))
         i += 1
     return "".join(out)
 
 
-def compile_glob(pattern: str) -> re.Pattern[str]:
-    """Compile a glob to a regex matching whole paths. Raises ``pattern.invalid``."""
+def _unicode(pattern: str, what: str) -> None:
+    try:
+        pattern.encode("utf-8")
+    except UnicodeEncodeError:
+        raise PatternInvalid(f"{what} is not valid Unicode (it holds a lone surrogate)",
+                             pattern=pattern[:200].encode("utf-8", "replace").decode()) from None
+
+
+def compile_glob(pattern: str) -> Glob:
+    """Compile a glob (rules in the module docstring); matching is linear-time whatever the glob.
+    Raises ``pattern.invalid``: not a non-empty string of <= 1024 characters, NUL, a lone
+    surrogate, unclosed ``[``, reversed range."""
     if not isinstance(pattern, str) or not pattern or len(pattern) > 1024 or "\x00" in pattern:
         raise PatternInvalid("a glob is a non-empty string of at most 1024 characters", pattern=str(pattern)[:100])
-    if pattern.startswith("./"):
-        pattern = pattern[2:]
-    segments = pattern.split("/")
+    _unicode(pattern, "a glob")
+    segments = (pattern[2:] if pattern.startswith("./") else pattern).split("/")
     parts: list[str] = []
     for i, seg in enumerate(segments):
         last = i == len(segments) - 1
         if seg == "**":
             parts.append(".*" if last else "(?:[^/]+/)*")
-            continue
-        parts.append(_segment_regex(seg) + ("" if last else "/"))
-    try:
-        return re.compile("".join(parts) + r"\Z", re.DOTALL)
-    except re.error as exc:
-        raise PatternInvalid(f"invalid glob {pattern!r}: {exc}", pattern=pattern) from exc
+        else:
+            parts.append(_segment_regex(pattern, seg) + ("" if last else "/"))
+    glob, end = "/".join(segments), segments[-1]
+    head = glob[:min([i for i in map(glob.find, "*?[") if i >= 0], default=len(glob))]
+    tail = "" if end == "**" else end[max(map(end.rfind, "*?]")) + 1:]  # (no unclosed '[' got here)
+    rest = glob[len(head):] if head == "" or head.endswith("/") else None  # the common shapes:
+    shape = "**" if rest == "**" else "**/*" if rest == "**/*" + tail else ""  # src/**, **/*.py
+    return Glob(pattern, _compile("(?s)" + "".join(parts), _options()), head, tail, shape)
 
 
 def glob_base(pattern: str) -> str:
@@ -83,11 +183,12 @@ def glob_base(pattern: str) -> str:
     return "/".join(base)
 
 
+# -- search --------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SearchMatch:
     path: str
     line_number: int  # 1-based
-    line: str
+    line: str  # without its terminator; invalid UTF-8 shown as U+FFFD
     before: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
 
@@ -97,7 +198,7 @@ class SearchResult:
     matches: list[SearchMatch] = field(default_factory=list)
     truncated: bool = False  # True: more matches exist than max_results
     files_searched: int = 0
-    binary_files_skipped: int = 0
+    binary_files_skipped: int = 0  # binary files the pattern occurs in (so not reported)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.matches)
@@ -106,8 +207,24 @@ class SearchResult:
         return len(self.matches)
 
 
+def _line(data: bytes, pos: int) -> tuple[int, int]:
+    """Start and end (its "\\n", or the end of ``data``) of the line holding ``data[pos]``."""
+    end = data.find(b"\n", pos)
+    return data.rfind(b"\n", 0, pos) + 1, (len(data) if end < 0 else end)
+
+
+def _lf_lines(data: bytes) -> bytes:
+    """Each CRLF (and a CR ending ``data``) made "\\n": neither patterns nor returned lines see that CR."""
+    if b"\r" not in data:  # one memchr; a two-byte needle would scan several times slower
+        return data
+    data = data.replace(b"\r\n", b"\n")
+    return data[:-1] if data.endswith(b"\r") else data
+
+
 class Searcher:
-    """One search: a literal or regex pattern, context lines and a result cap."""
+    """One search: a literal or RE2 pattern, context lines and a result cap. ``run`` reports every
+    line the pattern matches within (module docstring), in file then line order, at most
+    ``max_results``. Raises ``pattern.invalid`` for a bad pattern or argument, before any search."""
 
     def __init__(self, pattern: str, *, regex: bool = False, context: int = 0, max_results: int = 100,
                  ignore_case: bool = False) -> None:
@@ -115,49 +232,79 @@ class Searcher:
             raise PatternInvalid("a search pattern is a non-empty string")
         if len(pattern) > 4096:
             raise PatternInvalid("a search pattern is at most 4096 characters")
+        _unicode(pattern, "a search pattern")
         if not isinstance(context, int) or not 0 <= context <= 100:
             raise PatternInvalid("context is an integer from 0 to 100", context=context)
         if not isinstance(max_results, int) or not 1 <= max_results <= MAX_RESULTS_CAP:
             raise PatternInvalid(f"max_results is an integer from 1 to {MAX_RESULTS_CAP}", max_results=max_results)
-        self.context = context
-        self.max_results = max_results
+        self.context, self.max_results = context, max_results
         self._needle: bytes | None = None
         if regex or ignore_case:
-            try:
-                rx = re.compile(pattern if regex else re.escape(pattern), re.IGNORECASE if ignore_case else 0)
-            except re.error as exc:
-                raise PatternInvalid(f"invalid regular expression: {exc}", pattern=pattern[:200]) from exc
-            self._line_match: Callable[[str], bool] = lambda line: rx.search(line) is not None
-            self._file_rx = re.compile(rx.pattern, rx.flags | re.MULTILINE)
+            opts = _options(ignore_case=ignore_case, literal=not regex)
+            rx = _compile(pattern, opts)  # bare first: errors quote the agent's pattern as given
+            if regex:
+                rx = _compile("(?m)" + pattern, opts)  # ^ and $ anchor at line ends
+
+            def find(data: bytes, pos: int = 0, end: int | None = None) -> tuple[int, int] | None:
+                # RE2 sees all of data (^ $ \b look past pos/end); no pos/end: a third faster per call
+                m = rx.search(data) if end is None else rx.search(data, pos, end)
+                return None if m is None else m.span()
         else:
-            self._needle = pattern.encode("utf-8")
-            self._line_match = lambda line: pattern in line
-            self._file_rx = None
+            needle = self._needle = pattern.encode("utf-8", "surrogatepass")
+
+            def find(data: bytes, pos: int = 0, end: int | None = None) -> tuple[int, int] | None:
+                i = data.find(needle, pos, end)
+                return None if i < 0 else (i, i + len(needle))
+        self._find = find  # (start, end) of the first match inside data[pos:end], or None
 
     def run(self, files: Iterable[tuple[str, Callable[[], bytes]]]) -> SearchResult:
         """Search ``(path, read)`` pairs in order; stops once the cap is exceeded."""
         result = SearchResult()
-        matches = result.matches
         needle = self._needle
         for path, read in files:
             data = read()
             result.files_searched += 1
             if needle is not None and needle not in data:
-                continue  # the common case: one C-level scan, no decoding
-            if b"\x00" in data[:_BINARY_SNIFF]:
+                continue  # the common case: one C-level scan, nothing decoded
+            binary = data.find(b"\x00", 0, _BINARY_SNIFF) >= 0
+            data = data if binary else _lf_lines(data)  # before a regex runs: '$' sees CRLF line ends
+            hit = self._find(data)
+            if hit is None:
+                continue
+            if binary:
                 result.binary_files_skipped += 1
                 continue
-            text = data.decode("utf-8", errors="replace")
-            if self._file_rx is not None and self._file_rx.search(text) is None:
-                continue
-            lines = text.splitlines()
-            for i, line in enumerate(lines):
-                if not self._line_match(line):
-                    continue
+            if self._add_lines(path, data, hit, result):
+                break
+        return result
+
+    def _add_lines(self, path: str, data: bytes, hit: tuple[int, int] | None, result: SearchResult) -> bool:
+        """Add one file's matching lines from its first match ``hit``; True once the cap is exceeded.
+        Python work is per candidate line only: one search over the rest of the file finds the next
+        match; if it runs past its line's end, a search inside that line alone decides."""
+        find, c, matches = self._find, self.context, result.matches
+        n = len(data)
+        last = n - 1 if n == 0 or data[-1] == 0x0A else n  # a match starting later (past a final "\n") is in no line
+        line_number, counted = 1, 0
+        while hit is not None and hit[0] <= last:
+            ls, le = _line(data, hit[0])
+            if hit[1] <= le or find(data, ls, le) is not None:
+                line_number += data.count(b"\n", counted, ls)
+                counted = ls
                 if len(matches) == self.max_results:
                     result.truncated = True
-                    return result
-                c = self.context
-                matches.append(SearchMatch(path, i + 1, line, tuple(lines[max(0, i - c) : i]) if c else (),
-                                           tuple(lines[i + 1 : i + 1 + c]) if c else ()))
-        return result
+                    return True
+                before: list[str] = []
+                s = ls
+                while len(before) < c and s > 0:
+                    s, e = _line(data, s - 1)
+                    before.append(data[s:e].decode("utf-8", "replace"))
+                after: list[str] = []
+                e = le
+                while len(after) < c and e + 1 < n:
+                    s, e = _line(data, e + 1)
+                    after.append(data[s:e].decode("utf-8", "replace"))
+                text = data[ls:le].decode("utf-8", "replace")
+                matches.append(SearchMatch(path, line_number, text, tuple(reversed(before)), tuple(after)))
+            hit = find(data, le + 1, n) if le < n else None
+        return False

@@ -114,6 +114,9 @@ class Store:
         except sa_exc.OperationalError as exc:
             engine.dispose()
             raise E.BackendUnavailable(f"database unreachable: {exc.orig}") from exc
+        except sa_exc.SQLAlchemyError as exc:  # a migration the database refused: it rolled back
+            engine.dispose()
+            raise E.BackendError(f"schema migration failed, nothing was changed: {exc}") from exc
         cache = ObjectCache(s.cache_bytes)
         blobs = open_blob_store(s.resolved_blob_url(), cache=cache)
         coord = open_coordinator(s.resolved_coord_url())
@@ -369,9 +372,13 @@ class Store:
           heartbeat TTL) is interrupted, which seals its writes;
         - a draft stuck in ``publishing`` longer than ``publishing_stuck_s``
           (left by an older release) is released back to ``interrupted``.
-        Safe to run from many replicas at once. Returns counts.
+        Safe to run from many replicas at once. Returns counts
+        (``turns_reaped``, ``turns_failed``: could not be ended now, logged and
+        left for the next sweep; ``publishing_released``).
         """
-        return {"turns_reaped": self._turns.reap(), "publishing_released": self._publishing.release_stuck()}
+        reaped, failed = self._turns.reap()
+        return {"turns_reaped": reaped, "turns_failed": failed,
+                "publishing_released": self._publishing.release_stuck()}
 
     # ------------------------------------------------------------------- events
     def events(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:

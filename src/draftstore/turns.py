@@ -238,19 +238,25 @@ class Turns:
         return [turn_record(r) for r in rows]
 
     # -- recovery -------------------------------------------------------------------------------
-    def reap(self) -> int:
+    def reap(self) -> tuple[int, int]:
         """Interrupt every running turn older than the heartbeat TTL whose
-        heartbeat lapsed (which seals its writes). Returns how many."""
+        heartbeat lapsed (which seals its writes). Returns (reaped, failed):
+        a turn that cannot be ended now (a backend error) is logged and left
+        for the next sweep; it never stops the others from being reaped."""
         now = utcnow()
         with self.b.tx(read_only=True) as conn:
             running = conn.execute(sa.select(T.c.id, T.c.started_at).where(T.c.status == _RUNNING)).all()
-        reaped = 0
+        reaped = failed = 0
         for tid, started in running:
             age = (now - aware(started)).total_seconds()  # type: ignore[operator]
-            if age > self.b.settings.heartbeat_ttl_s and not self.b.coord.alive(f"turn:{tid}"):
-                try:
-                    self.end(tid, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, {})
-                    reaped += 1
-                except E.TurnNotRunning:
-                    pass  # ended meanwhile (by its worker, or by another sweeper)
-        return reaped
+            try:
+                if age <= self.b.settings.heartbeat_ttl_s or self.b.coord.alive(f"turn:{tid}"):
+                    continue
+                self.end(tid, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, {})
+                reaped += 1
+            except E.TurnNotRunning:
+                pass  # ended meanwhile (by its worker, or by another sweeper)
+            except E.DraftstoreError as exc:
+                failed += 1
+                log.warning("sweep could not interrupt turn %s (left for the next sweep): %s", tid, exc)
+        return reaped, failed

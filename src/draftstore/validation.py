@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
@@ -62,7 +63,8 @@ def dump_json(value: Any) -> str:
     """The serialiser the database engines use for JSON columns."""
     if isinstance(value, JSONText):
         return value
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    out = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _dumps_exact(value) if "e+" in out else out
 
 
 def as_value(value: Any) -> Any:
@@ -111,6 +113,8 @@ def json_text(field: str, value: Any, max_bytes: int, *,
     in it holds a NUL character). Raises ``error`` or ``payload.too_large``."""
     try:
         out = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        if "e+" in out:  # maybe a float >= 1e16, written with an exponent
+            out = _dumps_exact(value)
     except (TypeError, ValueError, RecursionError) as exc:
         raise error(f"{field} is not a JSON value: {exc}", field=field) from exc
     try:
@@ -120,6 +124,35 @@ def json_text(field: str, value: Any, max_bytes: int, *,
     if size > max_bytes:
         raise E.PayloadTooLarge(f"{field} is larger than {max_bytes} bytes", field=field, limit=max_bytes)
     return JSONText(out), "\\u0000" in out and _JSON_NUL.search(out) is not None
+
+
+_FLOAT_MARK = f"draftstore-float-{secrets.token_hex(8)}-"
+_MARKED = re.compile(f'"{_FLOAT_MARK}(\\d+)"')
+
+
+def _dumps_exact(value: Any) -> str:
+    """``json.dumps``, with floats of magnitude >= 1e16 written as their exact
+    decimal value with a ".0" (every such float is a whole number). Python
+    writes them with an exponent, which PostgreSQL's JSONB turns into an
+    integer (1.1e25 -> 11000000000000000000000000, a different number that
+    reads back as an int); written exactly, they read back as the same float
+    on every backend."""
+    found: list[str] = []
+
+    def mark(v: Any) -> Any:
+        if isinstance(v, float):
+            if abs(v) >= 1e16 and v == v and abs(v) != float("inf"):
+                found.append(f"{int(v)}.0")
+                return f"{_FLOAT_MARK}{len(found) - 1}"
+            return v
+        if isinstance(v, dict):
+            return {k: mark(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return [mark(x) for x in v]
+        return v
+
+    out = json.dumps(mark(value), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return _MARKED.sub(lambda m: found[int(m.group(1))], out) if found else out
 
 
 def json_value(field: str, value: Any, max_bytes: int, *, error: type[E.InvalidInput] = E.InvalidInput) -> JSONText:

@@ -1,7 +1,10 @@
 """Coordinators: locks, SSE event buffers and heartbeats; never truth.
 
-``open_coordinator(url)``: ``memory://`` (embedded default) or ``redis://host:port/db``
-(``rediss://`` for TLS; ``?prefix=name`` namespaces every key).
+``open_coordinator(url)``: ``sqlite:///path.db`` (one file shared by every process
+on the same embedded data; ``sqlite:////abs/path.db`` for an absolute path),
+``memory://`` (this process only) or ``redis://host:port/db`` (``rediss://`` for
+TLS; ``?prefix=name`` namespaces every key). ``?max_events=N`` bounds each event
+buffer on any of them but ``memory://``.
 """
 
 from __future__ import annotations
@@ -11,8 +14,9 @@ from urllib.parse import urlsplit
 from ..errors import ConfigInvalid
 from .base import Coordinator, Event, Lock, locked
 from .memory import MemoryCoordinator
+from .sqlite import SqliteCoordinator
 
-__all__ = ["Coordinator", "Event", "Lock", "locked", "MemoryCoordinator", "open_coordinator"]
+__all__ = ["Coordinator", "Event", "Lock", "locked", "MemoryCoordinator", "SqliteCoordinator", "open_coordinator"]
 
 
 def open_coordinator(url: str) -> Coordinator:
@@ -20,6 +24,8 @@ def open_coordinator(url: str) -> Coordinator:
     scheme = urlsplit(url).scheme
     if scheme in ("memory", ""):
         return MemoryCoordinator()
+    if scheme == "sqlite":
+        return SqliteCoordinator.from_url(url)
     if scheme in ("redis", "rediss", "unix"):
         from .redis import RedisCoordinator
 

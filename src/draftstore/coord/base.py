@@ -45,6 +45,11 @@ class Coordinator(Protocol):
       round trip where the backend allows) and returns their ids.
       ``read(stream, after=0, limit)`` returns events with id > after, in order.
       Buffers are bounded (``max_events`` newest kept).
+      ``trim(stream)`` drops a buffer now; ``expire(stream, ttl_s)`` drops it
+      ttl_s seconds from now (replacing an earlier expiry). Appending after
+      ``expire`` keeps the expiry; once dropped, a stream reads as empty and its
+      ids start again at 1. Expiring an absent stream is a no-op. (For streams
+      of ended turns, which must not accumulate one per turn forever.)
     - ``beat(key, ttl_s)`` marks key alive for ttl_s; ``alive(key)`` tells.
     """
 
@@ -59,6 +64,8 @@ class Coordinator(Protocol):
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]: ...
 
     def trim(self, stream: str) -> None: ...
+
+    def expire(self, stream: str, ttl_s: float) -> None: ...
 
     def beat(self, key: str, ttl_s: float) -> None: ...
 

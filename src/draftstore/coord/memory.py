@@ -1,12 +1,14 @@
-"""Coordinator backend: in-process (embedded default).
+"""Coordinator backend: in-process.
 
-Good for one process with many threads. Several processes sharing one SQLite
-file each get their own coordinator; that stays correct because no truth
-lives here (locks only save wasted work, the database decides).
+Good for one process with many threads, and for tests. Every instance is its
+own world: two Stores (or processes) on the same data do not see each other's
+locks, events or heartbeats, so one may presume the other's live turn dead.
+Use ``SqliteCoordinator`` (embedded) or Redis when several share the data.
 """
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import threading
 import time
@@ -20,6 +22,8 @@ from .base import Event
 
 __all__ = ["MemoryCoordinator"]
 
+PURGE_BATCH = 8  # expired streams deleted per append: bounds an append's cost
+
 
 @dataclass
 class _MemoryLock:
@@ -32,6 +36,15 @@ class _MemoryLock:
 
 
 class MemoryCoordinator:
+    """Locks, bounded event buffers and heartbeats in this process's memory.
+
+    Same guarantees as the other backends, within one instance: one lock owner
+    at a time, freed after its ttl, released only by its owner; event ids 1, 2,
+    3, ... per stream without gaps or duplicates; newest ``max_events`` kept;
+    ``expire`` drops a stream after its ttl; heartbeats live for their ttl.
+    Thread-safe (one condition variable guards everything).
+    """
+
     def __init__(self, max_events: int = 10_000) -> None:
         self.url = "memory://"
         self.max_events = max_events
@@ -39,6 +52,10 @@ class MemoryCoordinator:
         self._locks: dict[str, tuple[int, float]] = {}
         self._tokens = itertools.count(1)
         self._streams: dict[str, tuple[int, deque[Event]]] = {}
+        self._deadlines: dict[str, float] = {}  # stream -> when expire() drops it
+        # (deadline, stream), soonest first, for the opportunistic purge. An
+        # entry whose deadline no longer matches _deadlines is stale: skipped.
+        self._expiry_queue: list[tuple[float, str]] = []
         self._beats: dict[str, float] = {}
 
     # -- locks -------------------------------------------------------------
@@ -69,6 +86,9 @@ class MemoryCoordinator:
     # -- event buffers -----------------------------------------------------
     def append(self, stream: str, type: str, data: dict[str, Any] | None = None) -> int:
         with self._cv:
+            now = time.monotonic()
+            self._purge_expired(now)
+            self._drop_if_expired(stream, now)
             last, buf = self._streams.get(stream, (0, deque(maxlen=self.max_events)))
             event = Event(last + 1, type, dict(data or {}))
             buf.append(event)
@@ -82,12 +102,37 @@ class MemoryCoordinator:
 
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
         with self._cv:
+            self._drop_if_expired(stream, time.monotonic())
             _, buf = self._streams.get(stream, (0, deque()))
             return [e for e in buf if e.id > after][:limit]
 
     def trim(self, stream: str) -> None:
         with self._cv:
             self._streams.pop(stream, None)
+            self._deadlines.pop(stream, None)
+
+    def expire(self, stream: str, ttl_s: float) -> None:
+        """Drop the stream ``ttl_s`` from now (replacing an earlier expiry); no-op if absent."""
+        with self._cv:
+            now = time.monotonic()
+            self._drop_if_expired(stream, now)
+            if stream in self._streams:
+                self._deadlines[stream] = now + ttl_s
+                heapq.heappush(self._expiry_queue, (now + ttl_s, stream))
+
+    def _drop_if_expired(self, stream: str, now: float) -> None:
+        deadline = self._deadlines.get(stream)
+        if deadline is not None and deadline <= now:
+            del self._deadlines[stream]
+            self._streams.pop(stream, None)
+
+    def _purge_expired(self, now: float) -> None:
+        """Drop up to PURGE_BATCH streams whose expiry passed (nobody may read them again)."""
+        for _ in range(PURGE_BATCH):
+            if not self._expiry_queue or self._expiry_queue[0][0] > now:
+                return
+            _, stream = heapq.heappop(self._expiry_queue)
+            self._drop_if_expired(stream, now)  # a stale entry (re-expired, trimmed) drops nothing
 
     # -- heartbeats --------------------------------------------------------
     def beat(self, key: str, ttl_s: float) -> None:

@@ -9,7 +9,7 @@ FLUSHALL.
 Key layout (``p`` = prefix)::
 
     p:lock:<name>     string  owner token, PX = lock ttl      (SET NX PX)
-    p:events:<stream> stream  entries with ids "<n>-0", n = 1, 2, 3, ...
+    p:events:<stream> stream  entries with ids "<n>-0", n = 1, 2, 3, ...; PX set by expire()
     p:beat:<key>      string  "1", PX = heartbeat ttl
 
 Redis connection errors and timeouts become ``BackendUnavailable``
@@ -252,6 +252,14 @@ class RedisCoordinator:
     def trim(self, stream: str) -> None:
         """Drop a stream's buffer (its ids start again at 1)."""
         self._r.delete(self._key("events", stream))
+
+    @_mapped("event expire")
+    def expire(self, stream: str, ttl_s: float) -> None:
+        """Delete the stream ``ttl_s`` from now (replacing an earlier expiry); no-op if absent.
+
+        PEXPIRE: XADD keeps a key's TTL, so later appends do not cancel it.
+        """
+        self._r.pexpire(self._key("events", stream), _ms(ttl_s))
 
     # -- heartbeats ---------------------------------------------------------------------
     @_mapped("heartbeat")

@@ -15,7 +15,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy.engine import Engine
 
-from ..errors import SchemaOutdated
+from ..errors import IntegrityError, SchemaOutdated
 
 __all__ = ["alembic_config", "upgrade", "current_revision", "head_revision", "check_schema"]
 
@@ -38,9 +38,25 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     if revision == "head" and current_revision(engine) == head_revision():
         return
     cfg = alembic_config()
-    with engine.begin() as conn:
-        cfg.attributes["connection"] = conn
-        command.upgrade(cfg, revision)
+    sqlite = engine.dialect.name == "sqlite"
+    with engine.connect() as conn:
+        if sqlite:
+            # SQLite alters a table by copying it and dropping the old one, which
+            # the foreign keys of other tables refuse; the pragma only takes
+            # effect outside a transaction. Integrity is checked before commit.
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        try:
+            with conn.begin():
+                cfg.attributes["connection"] = conn
+                command.upgrade(cfg, revision)
+                if sqlite:
+                    broken = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                    if broken:
+                        raise IntegrityError(f"migration left {len(broken)} rows with broken foreign keys; "
+                                             "nothing was changed", rows=[tuple(r) for r in broken[:10]])
+        finally:
+            if sqlite:
+                conn.connection.driver_connection.execute("PRAGMA foreign_keys=ON")
 
 
 @lru_cache(maxsize=1)

@@ -11,7 +11,9 @@
   (JSON on SQLite, where the stored text is unchanged).
 
 Existing data is kept: every row reads back through the API as before, with
-its messages as JSON strings.
+its messages as JSON strings. One exception, on PostgreSQL only: JSONB cannot
+hold a NUL character, so one inside a JSON string (which 0001 accepted)
+becomes U+FFFD.
 
 Revision ID: 0002
 Revises: 0001
@@ -36,6 +38,22 @@ depends_on = None
 
 def _json() -> Any:
     return sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
+# JSONB cannot hold a NUL character, which 0001 stored as the JSON escape \u0000
+# in text: it becomes U+FFFD (an escaped backslash before "u0000" is no NUL)
+_NUL_FREE = r"regexp_replace({0}, '(?<!\\)((?:\\\\)*)\\u0000', '\1\\ufffd', 'g')::jsonb"
+
+
+def _without_nul(value: Any) -> Any:
+    """The same value with every NUL character in its strings replaced by U+FFFD."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, dict):
+        return {_without_nul(k): _without_nul(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    return value
 
 
 _DOCUMENTS = {
@@ -72,7 +90,7 @@ def upgrade() -> None:
     )
     op.execute(f"UPDATE tool_call SET error_json = {(quote + '::text') if pg else quote}".format("error"))
 
-    _compact_ended_turns(bind)
+    _compact_ended_turns(bind, _without_nul if pg else (lambda value: value))
 
     with op.batch_alter_table("project_turn") as b:
         b.alter_column("user_message_json", existing_type=_json(), nullable=False)
@@ -86,7 +104,7 @@ def upgrade() -> None:
         with op.batch_alter_table(table) as b:
             for column, nullable in columns:
                 b.alter_column(column, existing_type=sa.Text(), type_=_json(), existing_nullable=nullable,
-                               postgresql_using=f"{column}::jsonb")
+                               postgresql_using=_NUL_FREE.format(column))
     _ensure_partial_indexes(bind)
 
 
@@ -115,7 +133,7 @@ def _iso(ts: Any) -> str | None:
     return ts.isoformat()
 
 
-def _compact_ended_turns(bind: Any) -> None:
+def _compact_ended_turns(bind: Any, clean: Any) -> None:
     """The tool history of every ended turn moves onto its row (the format of
     ``draftstore.toolcalls`` at this revision); its tool_call rows go."""
     turns = bind.execute(sa.text("SELECT id FROM project_turn WHERE status <> 'running'")).scalars().all()
@@ -130,12 +148,12 @@ def _compact_ended_turns(bind: Any) -> None:
         for r in rows:
             call: dict[str, Any] = {"seq": r.seq, "tool_name": r.tool_name, "status": r.status}
             if r.args_json is not None:
-                call["args"] = json.loads(r.args_json)
+                call["args"] = clean(json.loads(r.args_json))
             call.update(args_digest=r.args_digest, args_preview=r.args_preview)
             if r.result_json is not None:
-                call["result"] = json.loads(r.result_json)
+                call["result"] = clean(json.loads(r.result_json))
             call.update(result_digest=r.result_digest, result_preview=r.result_preview,
-                        error=None if r.error_json is None else json.loads(r.error_json),
+                        error=None if r.error_json is None else clean(json.loads(r.error_json)),
                         started_at=_iso(r.started_at), ended_at=_iso(r.ended_at))
             calls.append(call)
         bind.execute(update, {"calls": calls, "id": turn_id})

@@ -1,0 +1,210 @@
+"""Search and globs as an agent meets them: pure tests of draftstore.search (no store)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from draftstore.errors import PatternInvalid
+from draftstore.search import MAX_RESULTS_CAP, RE2_SYNTAX_URL, Searcher, SearchResult, compile_glob
+
+HANG_TIMEOUT_S = 20.0  # a hang check, not a speed goal: RE2 takes milliseconds here
+
+
+def search(pattern: str, files: dict[str, bytes], **options: Any) -> SearchResult:
+    return Searcher(pattern, **options).run([(path, lambda data=data: data) for path, data in files.items()])
+
+
+def finishes(work: Callable[[], Any]) -> Any:
+    """``work()``'s result, failing the test if it has not returned within HANG_TIMEOUT_S."""
+    out: list[Any] = []
+    worker = threading.Thread(target=lambda: out.append(work()), daemon=True)
+    worker.start()
+    worker.join(HANG_TIMEOUT_S)
+    assert not worker.is_alive(), f"still running after {HANG_TIMEOUT_S} s"
+    assert out, "the work raised (see the thread's traceback above)"
+    return out[0]
+
+
+def lines(result: SearchResult) -> list[tuple[str, int, str]]:
+    return [(m.path, m.line_number, m.line) for m in result]
+
+
+SOURCE = b"import os\n\ndef load_handler(x):\n    return x\n\ndef save_handler(y):\n    return y\n"
+
+
+# -- an agent's pattern can never hang the worker --------------------------------------
+def test_a_catastrophic_regex_over_a_long_line_returns_promptly() -> None:
+    line = b"a" * 100_000 + b"!"  # (a+)+$ backtracks exponentially on this in a backtracking engine
+    result = finishes(lambda: search(r"(a+)+$", {"big.txt": line, "ok.txt": b"aaa\n"}, regex=True))
+    assert lines(result) == [("ok.txt", 1, "aaa")]
+
+
+def test_many_double_star_segments_against_a_long_deep_path_return_promptly() -> None:
+    glob = compile_glob("**/" * 12 + "*.py")
+    deep = "/".join(f"dir{i}" for i in range(40))
+    assert finishes(lambda: glob.match(deep + "/x.pyc")) is False
+    assert finishes(lambda: glob.match(deep + "/x.py")) is True
+
+
+# -- what RE2 refuses is named, never silently mis-matched ------------------------------
+@pytest.mark.parametrize(("pattern", "construct"), [
+    (r"(a)\1", r"backreference \1"),
+    (r"(?P<q>')x(?P=q)", "named backreference"),
+    (r"foo(?=bar)", "lookahead"),
+    (r"foo(?!bar)", "negative lookahead"),
+    (r"(?<=def )load", "lookbehind"),
+    (r"(?<!def )load", "negative lookbehind"),
+    (r"(?>a|ab)c", "atomic group"),
+    (r"a++", "possessive quantifier"),
+    (r"end\Z", r"\Z (use \z"),
+])
+def test_constructs_re2_does_not_support_are_refused_by_name(pattern: str, construct: str) -> None:
+    with pytest.raises(PatternInvalid) as err:
+        Searcher(pattern, regex=True)
+    assert err.value.code == "pattern.invalid"
+    assert "RE2 syntax does not support" in err.value.message and construct in err.value.message
+    assert RE2_SYNTAX_URL in err.value.message
+
+
+@pytest.mark.parametrize("pattern", ["(unclosed", "[a-", "a{2,1}", "x**", r"\p{NoSuchScript}"])
+def test_a_malformed_regex_is_pattern_invalid(pattern: str) -> None:
+    with pytest.raises(PatternInvalid) as err:
+        Searcher(pattern, regex=True)
+    assert err.value.code == "pattern.invalid"
+    assert err.value.message.startswith("invalid regular expression") and RE2_SYNTAX_URL in err.value.message
+
+
+def test_rejected_patterns_print_nothing_to_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(PatternInvalid):
+        Searcher(r"(a)\1", regex=True)
+    assert capfd.readouterr().err == ""
+
+
+def test_arguments_out_of_range_are_pattern_invalid() -> None:
+    for bad in ({"max_results": 0}, {"max_results": MAX_RESULTS_CAP + 1}, {"context": 101}):
+        with pytest.raises(PatternInvalid):
+            Searcher("x", **bad)
+    with pytest.raises(PatternInvalid):
+        Searcher("")
+
+
+# -- line semantics -----------------------------------------------------------------------
+def test_literal_and_regex_search_agree_on_lines_and_context() -> None:
+    files = {"a.py": SOURCE, "b.py": b"nothing here\n", "c.py": b"def x_handler(): pass"}
+    literal = search("_handler(", files, context=1)
+    regex = search(r"def \w+_handler", files, regex=True, context=1)
+    assert [(m.path, m.line_number, m.line, m.before, m.after) for m in literal] == \
+           [(m.path, m.line_number, m.line, m.before, m.after) for m in regex] == [
+        ("a.py", 3, "def load_handler(x):", ("",), ("    return x",)),
+        ("a.py", 6, "def save_handler(y):", ("",), ("    return y",)),
+        ("c.py", 1, "def x_handler(): pass", (), ()),
+    ]
+    assert literal.files_searched == regex.files_searched == 3
+
+
+def test_context_stops_at_the_file_edges() -> None:
+    result = search("b", {"f": b"a\nb\nc"}, context=5)
+    assert [(m.before, m.after) for m in result] == [(("a",), ("c",))]
+
+
+def test_a_match_spanning_a_newline_is_not_a_line_match() -> None:
+    files = {"f": b"foo\nbar\nfoo bar\n"}
+    assert lines(search(r"foo\sbar", files, regex=True)) == [("f", 3, "foo bar")]
+    assert lines(search(r"o[^x]b", files, regex=True)) == [("f", 3, "foo bar")]
+    assert lines(search("foo\nbar", files)) == []
+    assert lines(search(r"foo\nbar", files, regex=True)) == []
+
+
+def test_anchors_match_at_line_boundaries_and_no_line_follows_the_last_newline() -> None:
+    files = {"f": b"alpha\n\nbeta\n"}
+    assert lines(search(r"^beta$", files, regex=True)) == [("f", 3, "beta")]
+    assert lines(search(r"^$", files, regex=True)) == [("f", 2, "")]
+    assert [m.line_number for m in search(r"^", files, regex=True)] == [1, 2, 3]
+    assert lines(search(r"x*", {"empty": b""}, regex=True)) == []
+
+
+def test_crlf_files_report_lines_without_the_carriage_return() -> None:
+    files = {"win.txt": b"first\r\nsecond foo\r\nthird\r\n", "old.txt": b"last foo\r"}
+    literal = search("foo", files, context=1)
+    assert [(m.line_number, m.line, m.before, m.after) for m in literal] == [
+        (2, "second foo", ("first",), ("third",)), (1, "last foo", (), ())]
+    assert lines(search(r"foo$", files, regex=True)) == lines(literal)
+
+
+def test_ignore_case_for_literal_and_regex() -> None:
+    files = {"f": b"NEEDLE\nneedle\nNeedle in a haystack\nnoodle\nA.B\naxb\n\xc3\x89t\xc3\xa9\n"}
+    assert [m.line_number for m in search("needle", files, ignore_case=True)] == [1, 2, 3]
+    assert [m.line_number for m in search(r"^ne+dle$", files, regex=True, ignore_case=True)] == [1, 2]
+    assert [m.line_number for m in search("a.b", files, ignore_case=True)] == [5]  # still a literal
+    assert [m.line_number for m in search("ÉTÉ", files, ignore_case=True)] == [7]
+    assert [m.line_number for m in search("needle", files)] == [2]
+
+
+def test_invalid_utf8_is_shown_replaced() -> None:
+    result = search("bad", {"f": b"ok\nbad \xff byte\n"}, context=1)
+    assert [(m.line, m.before) for m in result] == [("bad \ufffd byte", ("ok",))]
+
+
+def test_binary_files_are_skipped_and_counted() -> None:
+    files = {
+        "logo.png": b"\x89PNG\x00\x00needle",
+        "late-nul.txt": b"needle\n" + b"x" * 9000 + b"\x00",  # NUL past the first 8 KiB: text
+        "src.py": b"needle = 1\n",
+    }
+    for options in ({}, {"regex": True}):
+        result = search("needle", files, **options)
+        assert [m.path for m in result] == ["late-nul.txt", "src.py"]
+        assert result.binary_files_skipped == 1 and result.files_searched == 3
+
+
+def test_max_results_caps_and_says_truncated() -> None:
+    files = {"a": b"hit\nhit\nhit\n", "b": b"hit\nhit\n"}
+    for options in ({}, {"regex": True}):
+        capped = search("hit", files, max_results=3, **options)
+        assert [(m.path, m.line_number) for m in capped] == [("a", 1), ("a", 2), ("a", 3)] and capped.truncated
+        exact = search("hit", files, max_results=5, **options)
+        assert len(exact) == 5 and not exact.truncated
+
+
+# -- globs ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("glob", ["[", "a[", "**/[", "[!]", "[]", "src/[abc", "[z-a]", ""])
+def test_a_malformed_glob_is_pattern_invalid(glob: str) -> None:
+    with pytest.raises(PatternInvalid) as err:
+        compile_glob(glob)
+    assert err.value.code == "pattern.invalid"
+
+
+def test_a_bracket_right_after_the_opening_one_is_a_member() -> None:
+    assert compile_glob("[]]").match("]") is True
+    assert compile_glob("[]a]x").match("ax") is True
+    assert compile_glob("[!]]").match("]") is False and compile_glob("[!]]").match("x") is True
+
+
+def test_single_star_stays_in_its_directory_and_double_star_spans_any_depth() -> None:
+    top, deep = compile_glob("*.py"), compile_glob("**/*.py")
+    assert top.match("main.py") and not top.match("src/main.py")
+    assert deep.match("main.py") and deep.match("src/a/b/main.py") and not deep.match("src/main.pyc")
+    middle = compile_glob("a/**/b.py")
+    assert middle.match("a/b.py") and middle.match("a/x/y/b.py")
+    assert not middle.match("ab.py") and not middle.match("a/xb.py") and not middle.match("c/a/b.py")
+    assert compile_glob("src/**").match("src/x/y.txt") and not compile_glob("src/**").match("srcx/y")
+    assert compile_glob("./src/?.py").match("src/a.py") and not compile_glob("src/?.py").match("src/ab.py")
+    # '**' spans whole directory names only, so no path with an empty one matches
+    assert not deep.match("a//b.py") and not deep.match("/b.py") and not middle.match("a//b.py")
+
+
+def test_classes_never_match_a_slash() -> None:
+    assert compile_glob("a[!x]b").match("a-b") and not compile_glob("a[!x]b").match("a/b")
+    assert compile_glob("a[^x]b").match("a-b") and not compile_glob("a[^x]b").match("a/b")
+    spans_slash = compile_glob("a[+-0]b")  # the range '+'..'0' includes '/'
+    assert spans_slash.match("a.b") and spans_slash.match("a0b") and not spans_slash.match("a/b")
+    assert compile_glob("v[0-9].py").match("v7.py") and not compile_glob("v[0-9].py").match("vx.py")
+
+
+def test_glob_metacharacters_of_regexes_are_literal() -> None:
+    glob = compile_glob("a+(b)|c.{x}$.py")
+    assert glob.match("a+(b)|c.{x}$.py") and not glob.match("aa(b)|c.{x}$.py")
