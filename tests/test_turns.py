@@ -547,3 +547,19 @@ def test_a_turns_events_can_be_replayed_in_order(store):
     ids = [e.id for e in events]
     assert ids == sorted(ids) and len(set(ids)) == len(ids)
     assert [e.type for e in store.events(f"turn:{t.id}", after=ids[2])] == types[3:]
+
+
+def test_the_event_buffer_of_an_ended_turn_expires_after_its_ttl(store_factory):
+    s = store_factory(settings=Settings(event_ttl_s=0.5))
+    p = new_project(s)
+    live = s.start_turn(p.id, "ends")
+    s.tool_started(live.id, "view_file", {"path": "main.py"})
+    s.complete_turn(live.id, "done")
+    assert [e.type for e in s.events(f"turn:{live.id}")] == ["turn.started", "tool.started", "turn.completed"]
+    running = s.continue_turn(p.id, "still running")
+    s.tool_started(running.id, "view_file", {"path": "main.py"})
+    time.sleep(1.0)
+    # the ended turn's buffer is gone (its events are all in the database); a running turn's stays
+    assert s.events(f"turn:{live.id}") == []
+    assert [e.type for e in s.events(f"turn:{running.id}")] == ["turn.started", "tool.started"]
+    assert [e.type for e in s.events(f"project:{p.id}")][:2] == ["turn.started", "turn.completed"]

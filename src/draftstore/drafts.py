@@ -60,6 +60,14 @@ class Drafts:
         stmt = sa.select(D).where(D.c.id == project.active_draft_id)
         return conn.execute(self.b.for_update(stmt) if lock else stmt).first()
 
+    def lock_open(self, conn: Connection, project: Any, doing: str) -> Any:
+        """The project's open draft row, locked (project row locked first by the
+        caller). Raises ``draft.none`` (saying what there is none to ``doing``)."""
+        draft = self.active(conn, project, lock=True)
+        if draft is None:
+            raise E.DraftNone(f"project {project.id} has no draft to {doing}", project_id=project.id)
+        return draft
+
     def derive(self, conn: Connection, project: Any, now: datetime) -> Any:
         """Open a draft on the project's head (empty if it has none); the project
         row must be locked by the caller. Returns the new row."""

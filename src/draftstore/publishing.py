@@ -58,9 +58,7 @@ class Publishing:
         try:
             with self.b.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
-                draft = self.drafts.active(conn, project, lock=True)
-                if draft is None:
-                    raise E.DraftNone(f"project {project_id} has no draft to publish", project_id=project_id)
+                draft = self.drafts.lock_open(conn, project, "publish")
                 if draft.status in (DraftStatus.RUNNING, DraftStatus.PUBLISHING):
                     raise E.DraftBusy(
                         f"draft {draft.id} is {draft.status}; finish or interrupt the turn first"
@@ -94,9 +92,7 @@ class Publishing:
         try:
             with self.b.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
-                draft = self.drafts.active(conn, project, lock=True)
-                if draft is None:
-                    raise E.DraftNone(f"project {project_id} has no draft to discard", project_id=project_id)
+                draft = self.drafts.lock_open(conn, project, "discard")
                 if draft.status == DraftStatus.PUBLISHING:
                     raise E.DraftBusy(f"draft {draft.id} is being published", draft_id=draft.id)
                 running = conn.execute(sa.select(T.c.id).where(

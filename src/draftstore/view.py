@@ -239,11 +239,14 @@ class View:
         max_results: int = 100,
         ignore_case: bool = False,
     ) -> SearchResult:
-        """Lines matching ``pattern`` (a literal, or a Python regex with ``regex=True``).
+        """Lines matching ``pattern`` (a literal, or an RE2 regex with ``regex=True``).
 
-        Files are searched in path order, optionally only those matching
-        ``glob``; binary files (a NUL byte in the first 8 KiB) are skipped.
-        Each match carries path, 1-based line number, the line and up to
+        RE2 matches in time linear in the text (no agent pattern can hang a
+        worker); backreferences and lookaround are ``pattern.invalid`` (see
+        ``draftstore.search`` for the dialect). Files are searched in path
+        order, optionally only those matching ``glob``; binary files (a NUL
+        byte in the first 8 KiB) are skipped. Lines split on "\\n" as in grep;
+        each match carries path, 1-based line number, the line and up to
         ``context`` lines before and after. At most ``max_results`` matches;
         ``truncated`` says more exist. Raises ``pattern.invalid``.
         """
