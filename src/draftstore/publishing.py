@@ -39,13 +39,6 @@ class Publishing:
         self.sealing = sealing
         self.turns = turns
 
-    def _open_draft_id(self, project_id: str, doing: str) -> str:
-        with self.b.tx(read_only=True) as conn:
-            project = self.projects.load(conn, project_id)
-        if project.active_draft_id is None:
-            raise E.DraftNone(f"project {project_id} has no draft to {doing}", project_id=project_id)
-        return str(project.active_draft_id)
-
     def publish(self, project_id: str, summary: str, force: bool, actor: str | None) -> Version:
         check.project_id(project_id)
         summary = check.text("summary", summary, max_bytes=self.b.limits.max_message_bytes)
@@ -53,7 +46,7 @@ class Publishing:
         if not isinstance(force, bool):
             raise E.InvalidInput("force must be true or false", field="force")
         # the overlay is empty unless a writer of an older release died: then it is folded here
-        fold = self.sealing.prepare(self._open_draft_id(project_id, "publish"))
+        fold = self.sealing.prepare_open(project_id)
         now = utcnow()
         try:
             with self.b.tx() as conn:
@@ -86,7 +79,7 @@ class Publishing:
     def discard(self, project_id: str, actor: str | None) -> Draft:
         check.project_id(project_id)
         actor = check.actor(actor)
-        fold = self.sealing.prepare(self._open_draft_id(project_id, "discard"))
+        fold = self.sealing.prepare_open(project_id)
         now = utcnow()
         rolled_back: Turn | None = None
         try:

@@ -27,8 +27,9 @@ from sqlalchemy.engine import Connection
 
 from . import errors as E
 from .backends import Backends
-from .db.tables import C, D
+from .db.tables import C, D, P, T
 from .digest import EMPTY_TREE, Digest
+from .records import TurnStatus
 from .trees import FileEntry, SealPlan, file_entry
 
 __all__ = ["Sealing", "Fold"]
@@ -39,12 +40,13 @@ class Fold:
     """A prepared seal: the overlay as read at (``root``, ``revision``), its plan
     and the upload of the plan's tree objects (running)."""
 
-    draft_id: str
+    draft_id: str | None  # None: no draft was found (the caller's transaction will say why)
     root: Digest
     revision: int
     paths: int
     plan: SealPlan | None
     upload: Future[Any] | None
+    turn_status: str | None = None  # for ``prepare_turn``: the turn's status as read
 
     def settle(self) -> None:
         """Let an upload that will not be used finish (stray objects are harmless)."""
@@ -52,14 +54,21 @@ class Fold:
             self.upload.exception()
 
 
+def _overlay_of(draft: Any, *extra: Any) -> Any:
+    """The sealed root, revision and overlay rows of the draft ``draft`` selects."""
+    return (sa.select(D.c.id, D.c.code_manifest_key, D.c.revision, C.c.path, C.c.digest, C.c.size, *extra)
+            .select_from(D.outerjoin(C, C.c.draft_id == D.c.id)).where(D.c.id == draft))
+
+
 class Sealing:
     def __init__(self, b: Backends) -> None:
         self.b = b
-        self._overlay = (
-            sa.select(D.c.code_manifest_key, D.c.revision, C.c.path, C.c.digest, C.c.size)
-            .select_from(D.outerjoin(C, C.c.draft_id == D.c.id))
-            .where(D.c.id == sa.bindparam("draft_id"))
-        )
+        key = sa.bindparam("key")
+        self._overlay = _overlay_of(sa.bindparam("draft_id"))
+        self._of_draft = _overlay_of(key)
+        self._of_project = _overlay_of(sa.select(P.c.active_draft_id).where(P.c.id == key).scalar_subquery())
+        self._of_turn = _overlay_of(sa.select(T.c.draft_id).where(T.c.id == key).scalar_subquery(),
+                                    sa.select(T.c.status).where(T.c.id == key).scalar_subquery().label("status"))
         self._lock = b.for_update(
             sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.revision, D.c.status, D.c.file_count,
                       D.c.closed_at, D.c.characters_json, D.c.world_settings_json)
@@ -69,13 +78,31 @@ class Sealing:
         """Lock the draft row for the rest of the transaction (None if there is no such draft)."""
         return conn.execute(self._lock, {"draft_id": draft_id}).first()
 
-    def prepare(self, draft_id: str) -> Fold:
+    def _prepare(self, stmt: Any, key: str) -> Fold:
         """Read the overlay (one statement, one snapshot), plan its fold, start the upload."""
         with self.b.statement(read_only=True) as conn:
-            rows = conn.execute(self._overlay, {"draft_id": draft_id}).all()
+            rows = conn.execute(stmt, {"key": key}).all()
         if not rows:
-            raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
-        return self._plan(draft_id, rows, start_upload=True)
+            return Fold(None, EMPTY_TREE, -1, 0, None, None)
+        status = getattr(rows[0], "status", None)
+        if status is not None and status != TurnStatus.RUNNING:
+            return Fold(rows[0].id, Digest(rows[0].code_manifest_key), rows[0].revision, 0, None, None, status)
+        fold = self._plan(rows[0].id, rows, start_upload=True)
+        fold.turn_status = status
+        return fold
+
+    def prepare(self, draft_id: str) -> Fold:
+        """A prepared fold of draft ``draft_id`` (``draft_id`` None if there is none)."""
+        return self._prepare(self._of_draft, draft_id)
+
+    def prepare_open(self, project_id: str) -> Fold:
+        """A prepared fold of the project's open draft (``draft_id`` None if it has none)."""
+        return self._prepare(self._of_project, project_id)
+
+    def prepare_turn(self, turn_id: str) -> Fold:
+        """A prepared fold of the draft of turn ``turn_id``, with the turn's status
+        (nothing planned unless it is running; ``draft_id`` None if there is no turn)."""
+        return self._prepare(self._of_turn, turn_id)
 
     def _plan(self, draft_id: str, rows: list[Any], start_upload: bool) -> Fold:
         root, revision = Digest(rows[0].code_manifest_key), rows[0].revision
@@ -114,6 +141,8 @@ class Sealing:
         """Seal the draft's overlay in a transaction of its own (a no-op if it is
         empty). Used to fold what a dead worker of an older release left behind."""
         fold = self.prepare(draft_id)
+        if fold.draft_id is None:
+            raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
         if fold.plan is None:
             return fold.root
         try:

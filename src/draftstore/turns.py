@@ -147,17 +147,15 @@ class Turns:
 
     def end(self, turn_id: str, status: TurnStatus, draft_status: DraftStatus, values: dict[str, Any]) -> Turn:
         """End a running turn and seal its writes, in one transaction (see the module docstring)."""
-        with self.b.tx(read_only=True) as conn:
-            head = conn.execute(sa.select(T.c.draft_id, T.c.status).where(T.c.id == turn_id)).first()
-        if head is None:
+        fold = self.sealing.prepare_turn(turn_id)
+        if fold.draft_id is None:
             raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
-        if head.status != _RUNNING:
-            raise self._not_running(turn_id, head.status)
-        fold = self.sealing.prepare(head.draft_id)
+        if fold.turn_status != _RUNNING:
+            raise self._not_running(turn_id, fold.turn_status)
         now = utcnow()
         try:
             with self.b.tx() as conn:
-                draft = self.sealing.lock(conn, head.draft_id)
+                draft = self.sealing.lock(conn, fold.draft_id)
                 turn = self.finish(conn, turn_id, draft, fold, status, now, values)
                 partial = values.get("partial_response_json")
                 conn.execute(D.update().where(D.c.id == draft.id).values(
@@ -208,7 +206,7 @@ class Turns:
     # -- heartbeats ---------------------------------------------------------------------------
     def heartbeat(self, turn_id: str) -> None:
         check.turn_id(turn_id)
-        with self.b.tx(read_only=True) as conn:
+        with self.b.statement(read_only=True) as conn:
             status = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).scalar()
         if status != _RUNNING:
             raise self._not_running(turn_id, status)
