@@ -136,3 +136,4 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
 # Store fixtures (owned by the Store's author): add `store` built from `stack` below.
 # =======================================================================================
 from store_fixtures import store, store_factory  # noqa: E402,F401
+from service_fixtures import service, service_factory  # noqa: E402,F401

@@ -29,6 +29,7 @@ from .blobs import BlobStore, ObjectCache
 from .coord import Coordinator
 from .db.engine import create_db_engine, is_sqlite
 from .db.oneshot import OneShot
+from .digest import EMPTY_TREE
 from .events import EventPublisher
 from .settings import Limits, Settings
 from .trees import TreeReader
@@ -119,6 +120,22 @@ class Backends:
         """``SELECT ... FOR UPDATE`` where rows can be locked (SQLite's BEGIN
         IMMEDIATE already serialises writers)."""
         return stmt if self.sqlite else stmt.with_for_update(of=of)
+
+    def check(self) -> dict[str, str | None]:
+        """Each backend -> None if it answers, else the reason (for readiness probes)."""
+        out: dict[str, str | None] = {}
+        for name, probe in (("database", self._ping_database), ("blobs", lambda: self.blobs.has(EMPTY_TREE)),
+                            ("coordinator", self.coord.ping)):
+            try:
+                probe()
+                out[name] = None
+            except Exception as exc:  # a probe reports; it never raises
+                out[name] = str(exc) or type(exc).__name__
+        return out
+
+    def _ping_database(self) -> None:
+        with self.statement(read_only=True) as conn:
+            conn.execute(sa.text("SELECT 1"))
 
     # -- blobs ---------------------------------------------------------------------
     def upload(self, fn: Callable[..., Any], *args: Any) -> Future[Any]:

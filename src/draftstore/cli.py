@@ -258,6 +258,84 @@ def sweep() -> None:
         console.print(store.sweep())
 
 
+# ------------------------------------------------------------------------- service
+def _loopback(host: str) -> bool:
+    import ipaddress
+
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+@main.command("serve")
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8765, show_default=True, type=int)
+@click.option("--workers", default=1, show_default=True, type=click.IntRange(1, 64))
+@_handle_errors
+def serve(host: str, port: int, workers: int) -> None:
+    """Run the HTTP service (REST + SSE; OpenAPI at /docs)."""
+    import uvicorn
+
+    with _open() as store:  # migrates an embedded database; checks a PostgreSQL one
+        tokens = store.tokens.any_active()
+    if not tokens:
+        if not _loopback(host):
+            err_console.print(f"[red]error[/red] no token exists: refusing to serve {escape(host)} open. "
+                              "Create one first: draftstore token create --role admin")
+            sys.exit(2)
+        err_console.print("[yellow]warning[/yellow] no token exists: serving loopback clients only, each as an "
+                          "admin (create one with: draftstore token create --role admin)")
+    uvicorn.run("draftstore.service.app:create_app", factory=True, host=host, port=port, workers=workers,
+                access_log=False, log_level="warning")
+
+
+@main.group()
+def token() -> None:
+    """API tokens of the HTTP service."""
+
+
+@token.command("create")
+@click.option("--role", type=click.Choice(["admin", "agent", "observer"]), required=True)
+@click.option("--project", "project_id", default=None, help="scope it to one project (default: every project)")
+@click.option("--name", default="", help="a label, to recognise it in lists")
+@_handle_errors
+def token_create(role: str, project_id: str | None, name: str) -> None:
+    """Create a token and print it (this is the only time it is shown)."""
+    with _open() as store:
+        record, secret = store.tokens.create(role, project_id=project_id, name=name, actor=os.environ.get("USER"))
+    err_console.print(f"token {record.id} ({record.role}, {record.project_id or 'every project'}):")
+    click.echo(secret)
+
+
+@token.command("list")
+@_handle_errors
+def token_list() -> None:
+    """Tokens (never their secrets)."""
+    with _open() as store:
+        cursor: str | None = None
+        table = Table("id", "role", "project", "name", "created", "revoked")
+        while True:
+            page = store.tokens.page(cursor, 200)
+            for t in page.items:
+                table.add_row(t.id, t.role, t.project_id or "*", escape(t.name), t.created_at.isoformat(),
+                              t.revoked_at.isoformat() if t.revoked_at else "-")
+            if page.next_cursor is None:
+                break
+            cursor = page.next_cursor
+    console.print(table)
+
+
+@token.command("revoke")
+@click.argument("token_id")
+@_handle_errors
+def token_revoke(token_id: str) -> None:
+    """Revoke a token (the service stops accepting it within seconds)."""
+    with _open() as store:
+        store.tokens.revoke(token_id)
+    console.print(f"revoked {token_id}")
+
+
 @main.command("demo")
 @click.option("--home", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="where the embedded store lives (default ./.draftstore, or DRAFTSTORE_* URLs)")

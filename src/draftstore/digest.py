@@ -33,6 +33,13 @@ class Digest(str):
     def short(self) -> str:
         return self[:12]
 
+    @classmethod
+    def __get_pydantic_core_schema__(cls, source: object, handler: object) -> object:
+        # a Digest is a string on the wire (the HTTP service documents records holding one)
+        from pydantic_core import core_schema
+
+        return core_schema.no_info_after_validator_function(cls, core_schema.str_schema(pattern="^[0-9a-f]{64}$"))
+
 
 def digest_of(data: bytes) -> Digest:
     """Digest of ``data`` (SHA-256)."""

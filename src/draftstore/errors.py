@@ -22,17 +22,24 @@ Tree (code in brackets)::
     │   ├── ToolCallNotFound   [toolcall.not_found]
     │   ├── PathNotFound       [path.not_found]
     │   ├── DraftNone          [draft.none]
+    │   ├── TokenNotFound      [token.not_found]
     │   ├── StateNotFound      [state.not_found]
     │   └── BlobNotFound       [blob.not_found]
     ├── StateConflict                    the state moved; retry or decide
     │   ├── TurnNotRunning     [turn.not_running]
     │   ├── TurnAlreadyRunning [turn.already_running]
     │   ├── ToolCallNotStarted [toolcall.not_started]
-    │   │   └── ToolCallAlreadyFinished [toolcall.already_finished]
+    │   │   ├── ToolCallAlreadyFinished [toolcall.already_finished]
+    │   │   └── ToolCallAwaitingApproval [toolcall.awaiting_approval]
+    │   ├── ToolCallNotAwaitingApproval [toolcall.not_awaiting_approval]
     │   ├── DraftConflict      [draft.conflict]
     │   ├── DraftBusy          [draft.busy]
     │   ├── PathConflict       [path.conflict]
     │   └── LockTimeout        [lock.timeout]
+    ├── AuthError                        who is asking may not
+    │   ├── AuthRequired       [auth.required]   no token given
+    │   ├── AuthInvalid        [auth.invalid]    unknown or revoked token
+    │   └── Forbidden          [auth.forbidden]  the token's role may not do this
     ├── IntegrityError
     │   └── ChecksumMismatch   [blob.checksum_mismatch]
     └── BackendError                     a store could not be reached or used
@@ -67,6 +74,13 @@ __all__ = [
     "TurnAlreadyRunning",
     "ToolCallNotStarted",
     "ToolCallAlreadyFinished",
+    "ToolCallAwaitingApproval",
+    "ToolCallNotAwaitingApproval",
+    "TokenNotFound",
+    "AuthError",
+    "AuthRequired",
+    "AuthInvalid",
+    "Forbidden",
     "DraftConflict",
     "DraftBusy",
     "PathConflict",
@@ -159,6 +173,10 @@ class StateNotFound(NotFound):
     code = "state.not_found"
 
 
+class TokenNotFound(NotFound):
+    code = "token.not_found"
+
+
 class BlobNotFound(NotFound):
     code = "blob.not_found"
 
@@ -185,6 +203,18 @@ class ToolCallAlreadyFinished(ToolCallNotStarted):
     code = "toolcall.already_finished"
 
 
+class ToolCallAwaitingApproval(ToolCallNotStarted):
+    """Completing or failing a call that still waits for its approval decision."""
+
+    code = "toolcall.awaiting_approval"
+
+
+class ToolCallNotAwaitingApproval(StateConflict):
+    """Deciding on a call that does not wait for approval (never needed it, or decided)."""
+
+    code = "toolcall.not_awaiting_approval"
+
+
 class DraftConflict(StateConflict):
     code = "draft.conflict"
 
@@ -199,6 +229,22 @@ class PathConflict(StateConflict):
 
 class LockTimeout(StateConflict):
     code = "lock.timeout"
+
+
+class AuthError(DraftstoreError):
+    code = "auth.error"
+
+
+class AuthRequired(AuthError):
+    code = "auth.required"
+
+
+class AuthInvalid(AuthError):
+    code = "auth.invalid"
+
+
+class Forbidden(AuthError):
+    code = "auth.forbidden"
 
 
 class IntegrityError(DraftstoreError):

@@ -16,11 +16,12 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import errors as E
+from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import H, P, V, utcnow
 from .ids import new_id
-from .records import HeadMove, HeadMoveReason, Project, Version, aware
+from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
 from .sealing import Sealing
 
 __all__ = ["Projects", "project_record", "version_record"]
@@ -143,9 +144,9 @@ class Projects:
             rows = conn.execute(sa.select(P).order_by(P.c.created_at, P.c.id)).all()
         return [project_record(r) for r in rows]
 
-    def get_version(self, version_id: str) -> Version:
+    def get_version(self, version_id: str, project_id: str | None = None) -> Version:
         with self.b.tx(read_only=True) as conn:
-            return version_record(self.load_version(conn, version_id))
+            return version_record(self.load_version(conn, version_id, project_id))
 
     def list_versions(self, project_id: str) -> list[Version]:
         with self.b.tx(read_only=True) as conn:
@@ -158,6 +159,35 @@ class Projects:
             self.load(conn, project_id)
             rows = conn.execute(sa.select(H).where(H.c.project_id == project_id).order_by(H.c.id)).all()
         return [_head_move_record(r) for r in rows]
+
+    def page(self, cursor: str | None, limit: int | None) -> Page[Project]:
+        n = paging.limit(limit)
+        key = paging.decode("projects", cursor, (datetime, str))
+        stmt = sa.select(P).order_by(P.c.created_at, P.c.id).limit(n + 1)
+        if key is not None:
+            stmt = stmt.where(sa.tuple_(P.c.created_at, P.c.id) > sa.tuple_(
+                sa.bindparam("c", key[0], type_=P.c.created_at.type), sa.bindparam("i", key[1])))
+        with self.b.tx(read_only=True) as conn:
+            rows = conn.execute(stmt).all()
+        return paging.page("projects", rows, n, lambda r: (aware(r.created_at), r.id), project_record)
+
+    def versions_page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Version]:
+        n = paging.limit(limit)
+        key = paging.decode("versions", cursor, (int,))
+        with self.b.tx(read_only=True) as conn:
+            self.load(conn, project_id)
+            rows = conn.execute(sa.select(V).where(V.c.project_id == project_id, V.c.number > (key[0] if key else 0))
+                                .order_by(V.c.number).limit(n + 1)).all()
+        return paging.page("versions", rows, n, lambda r: (r.number,), version_record)
+
+    def head_moves_page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[HeadMove]:
+        n = paging.limit(limit)
+        key = paging.decode("head_moves", cursor, (int,))
+        with self.b.tx(read_only=True) as conn:
+            self.load(conn, project_id)
+            rows = conn.execute(sa.select(H).where(H.c.project_id == project_id, H.c.id > (key[0] if key else 0))
+                                .order_by(H.c.id).limit(n + 1)).all()
+        return paging.page("head_moves", rows, n, lambda r: (r.id,), _head_move_record)
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
         actor = check.actor(actor)

@@ -22,7 +22,8 @@ from .backends import Backends
 from .db.tables import D, P, T, utcnow
 from .drafts import Drafts, draft_record
 from .projects import Projects
-from .records import Draft, DraftClosedReason, DraftStatus, HeadMoveReason, Turn, TurnStatus, Version, aware
+from .records import (Draft, DraftClosedReason, DraftStatus, HeadMoveReason, Turn, TurnEndReason, TurnStatus, Version,
+                      aware)
 from .sealing import Sealing
 from .turns import Turns
 
@@ -91,7 +92,8 @@ class Publishing:
                 running = conn.execute(sa.select(T.c.id).where(
                     T.c.draft_id == draft.id, T.c.status == TurnStatus.RUNNING.value)).scalar()
                 if running is not None:
-                    rolled_back = self.turns.finish(conn, running, draft, fold, TurnStatus.ROLLED_BACK, now, {})
+                    rolled_back = self.turns.finish(conn, running, draft, fold, TurnStatus.ROLLED_BACK, now,
+                                                    {"end_reason": TurnEndReason.DISCARDED})
                 self._close(conn, project_id, draft.id, DraftClosedReason.DISCARDED, actor, now)
                 result = draft_record(conn.execute(sa.select(D).where(D.c.id == draft.id)).one())
         finally:

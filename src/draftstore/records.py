@@ -10,7 +10,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
-from typing import Any
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
 
 __all__ = [
     "Project",
@@ -24,6 +26,10 @@ __all__ = [
     "ToolCallStatus",
     "HeadMoveReason",
     "DraftClosedReason",
+    "TurnEndReason",
+    "Role",
+    "Token",
+    "Page",
     "aware",
 ]
 
@@ -46,9 +52,25 @@ class DraftStatus(StrEnum):
 
 
 class ToolCallStatus(StrEnum):
+    AWAITING_APPROVAL = "awaiting_approval"  # recorded with needs_approval; waits for a decision
     STARTED = "started"
     COMPLETED = "completed"
     FAILED = "failed"
+    DENIED = "denied"  # the approval was refused: final, and not a failure of the turn
+
+
+class TurnEndReason(StrEnum):
+    """Why a turn ended, beyond its status (None: ended as its worker asked)."""
+
+    CANCELLED = "cancelled"  # interrupted by a user's cancel: not a failure
+    HEARTBEAT_LAPSED = "heartbeat_lapsed"  # interrupted by the recovery sweep
+    DISCARDED = "discarded"  # rolled back with its draft
+
+
+class Role(StrEnum):
+    ADMIN = "admin"  # everything
+    AGENT = "agent"  # turns, tool calls, draft writes, views, turn streams, approvals
+    OBSERVER = "observer"  # published versions, their files, diffs between them, committed events
 
 
 class HeadMoveReason(StrEnum):
@@ -136,6 +158,7 @@ class ToolCall:
     error: Any
     started_at: datetime
     ended_at: datetime | None
+    approval: Any = None  # {"approved": bool, "reason", "by", "at"} once decided
 
     @property
     def args_offloaded(self) -> bool:
@@ -170,6 +193,7 @@ class Turn:
     started_at: datetime
     ended_at: datetime | None
     tool_calls: tuple[ToolCall, ...] = field(default=())
+    end_reason: TurnEndReason | None = None
 
 
 @dataclass(frozen=True)
@@ -182,3 +206,24 @@ class HeadMove:
     actor: str | None
     turn_id: str | None
     at: datetime
+
+
+@dataclass(frozen=True)
+class Token:
+    """An API token's record; the secret itself is shown once, when it is created."""
+
+    id: str
+    role: Role
+    project_id: str | None  # None: every project
+    name: str
+    created_at: datetime
+    created_by: str | None
+    revoked_at: datetime | None
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    """One page of a list, oldest first; ``next_cursor`` fetches the next page (None: the last one)."""
+
+    items: list[T]
+    next_cursor: str | None

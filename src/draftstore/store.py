@@ -39,11 +39,13 @@ from .diff import Diff
 from .drafts import Drafts
 from .projects import Projects
 from .publishing import Publishing
-from .records import Draft, HeadMove, Project, ToolCall, Turn, Version
+from .deltas import Deltas
+from .records import Draft, HeadMove, Page, Project, ToolCall, Turn, TurnEndReason, Version
 from .sealing import Sealing
 from .settings import Settings
 from .staging import Staging
 from .states import States
+from .tokens import Tokens
 from .toolcalls import ToolCalls
 from .turns import Turns
 from .view import View
@@ -76,7 +78,9 @@ class Store:
         self._drafts = Drafts(b)
         self._staging = Staging(b)
         self._toolcalls = ToolCalls(b)
-        self._turns = Turns(b, self._projects, self._drafts, sealing, self._toolcalls)
+        self._turns = Turns(b, self._projects, self._drafts, sealing, self._toolcalls, Deltas(b))
+        #: API tokens of the HTTP service: ``create``, ``page``, ``revoke``, ``authenticate``
+        self.tokens = Tokens(b)
         self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns)
         self._states = States(b, self._projects)
 
@@ -162,9 +166,9 @@ class Store:
         """Every project, oldest first."""
         return self._projects.list()
 
-    def get_version(self, version_id: str) -> Version:
-        """One version. Raises ``version.not_found``."""
-        return self._projects.get_version(version_id)
+    def get_version(self, version_id: str, *, project_id: str | None = None) -> Version:
+        """One version (of ``project_id``, if given). Raises ``version.not_found``."""
+        return self._projects.get_version(version_id, project_id)
 
     def list_versions(self, project_id: str) -> list[Version]:
         """Every version of the project, oldest first (rollback deletes none)."""
@@ -228,22 +232,57 @@ class Store:
         """End a running turn as failed with ``error`` (any JSON value); its writes stay in the draft (sealed)."""
         return self._turns.fail(turn_id, error)
 
-    def get_turn(self, turn_id: str) -> Turn:
-        """A turn with its whole tool-call history, in ``seq`` order."""
-        return self._turns.get(turn_id)
+    def get_turn(self, turn_id: str, *, tool_calls: bool = True) -> Turn:
+        """A turn with its whole tool-call history, in ``seq`` order (``tool_calls=False``: without it)."""
+        return self._turns.get(turn_id) if tool_calls else self._turns.summary(turn_id)
+
+    def cancel_turn(self, turn_id: str) -> Turn:
+        """Stop a running turn at a user's request: ``interrupted`` with ``end_reason``
+        ``cancelled`` (not a failure); its writes stay in the draft, sealed."""
+        return self._turns.interrupt(turn_id, reason=TurnEndReason.CANCELLED)
+
+    def append_delta(self, turn_id: str, text: str) -> None:
+        """Stream assistant text of a running turn to its event buffer (``assistant.delta``);
+        never a row per delta: the partial response is refreshed at most once a second."""
+        self._turns.deltas.append(turn_id, text)
 
     def list_turns(self, project_id: str) -> list[Turn]:
         """Every turn of the project, oldest first (tool calls not loaded: see ``get_turn``)."""
         return self._turns.list(project_id)
 
+    # Pages: keyset paging with opaque cursors (``Page.next_cursor``), at most 200 items a page.
+    def page_projects(self, cursor: str | None = None, limit: int | None = None) -> Page[Project]:
+        return self._projects.page(cursor, limit)
+
+    def page_versions(self, project_id: str, cursor: str | None = None, limit: int | None = None) -> Page[Version]:
+        return self._projects.versions_page(project_id, cursor, limit)
+
+    def page_head_moves(self, project_id: str, cursor: str | None = None,
+                        limit: int | None = None) -> Page[HeadMove]:
+        return self._projects.head_moves_page(project_id, cursor, limit)
+
+    def page_turns(self, project_id: str, cursor: str | None = None, limit: int | None = None) -> Page[Turn]:
+        return self._turns.page(project_id, cursor, limit)
+
+    def page_tool_calls(self, turn_id: str, cursor: str | None = None, limit: int | None = None) -> Page[ToolCall]:
+        return self._toolcalls.page(turn_id, cursor, limit)
+
     # -------------------------------------------------------------- tool calls
-    def tool_started(self, turn_id: str, tool_name: str, args: Any = None) -> ToolCall:
+    def tool_started(self, turn_id: str, tool_name: str, args: Any = None, *,
+                     needs_approval: bool = False) -> ToolCall:
         """Record that a tool call began; returns it with its ``seq`` (1, 2, 3, ... per turn).
 
         One row insert whatever the length of the history (O(1)). Raises
-        ``turn.not_running`` once the turn has ended.
+        ``turn.not_running`` once the turn has ended. ``needs_approval=True``
+        records it ``awaiting_approval`` until ``decide_tool_call``.
         """
-        return self._toolcalls.started(turn_id, tool_name, args)
+        return self._toolcalls.started(turn_id, tool_name, args, needs_approval)
+
+    def decide_tool_call(self, turn_id: str, seq: int, approved: bool, reason: Any = None, *,
+                         actor: str | None = None) -> ToolCall:
+        """Approve (the call becomes ``started``) or deny (``denied``: final, not a turn
+        failure) a call awaiting approval; the decision stays in the history."""
+        return self._toolcalls.decide(turn_id, seq, approved, reason, actor)
 
     def tool_completed(self, turn_id: str, seq: int, result: Any = None) -> None:
         """Record a started call's result. Raises ``toolcall.not_found``,
@@ -380,6 +419,10 @@ class Store:
         return {"turns_reaped": reaped, "turns_failed": failed,
                 "publishing_released": self._publishing.release_stuck()}
 
+    def check_backends(self) -> dict[str, str | None]:
+        """Each backend (``database``, ``blobs``, ``coordinator``) -> None if usable, else why not."""
+        return self._b.check()
+
     # ------------------------------------------------------------------- events
     def events(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
         """Buffered events of ``turn:<id>`` or ``project:<id>`` with id > ``after``.
@@ -388,4 +431,9 @@ class Store:
         """
         self._b.events.flush()
         return self.coord.read(stream, after=after, limit=limit)
+
+    def durable_events(self, turn_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """A turn's events rebuilt from the database (``(type, data)``, in order), for a
+        stream whose buffer was lost; text deltas are not durable and not included."""
+        return self._turns.durable_events(turn_id)
 

@@ -26,11 +26,12 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection
 
 from . import errors as E
+from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import T, TC, utcnow
 from .digest import Digest
-from .records import ToolCall, ToolCallStatus, TurnStatus, aware
+from .records import Page, ToolCall, ToolCallStatus, TurnStatus, aware
 
 __all__ = ["ToolCalls"]
 
@@ -49,6 +50,7 @@ def _from_row(turn_id: str, r: Any) -> ToolCall:
         result=None if r.result_json is None else json.loads(r.result_json), result_digest=r.result_digest,
         result_preview=r.result_preview, error=None if r.error_json is None else json.loads(r.error_json),
         started_at=aware(r.started_at), ended_at=aware(r.ended_at),  # type: ignore[arg-type]
+        approval=None if r.approval_json is None else json.loads(r.approval_json),
     )
 
 
@@ -59,7 +61,7 @@ def _from_compact(turn_id: str, c: dict[str, Any]) -> ToolCall:
         args=c.get("args"), args_digest=c.get("args_digest"), args_preview=c.get("args_preview"),
         result=c.get("result"), result_digest=c.get("result_digest"), result_preview=c.get("result_preview"),
         error=c.get("error"), started_at=datetime.fromisoformat(c["started_at"]),
-        ended_at=None if ended is None else datetime.fromisoformat(ended),
+        ended_at=None if ended is None else datetime.fromisoformat(ended), approval=c.get("approval"),
     )
 
 
@@ -77,6 +79,7 @@ def _compact(r: Any) -> str:
         parts += [',"result":', r.result_json]
     parts += [',"result_digest":', dump(r.result_digest), ',"result_preview":',
               dump(r.result_preview, ensure_ascii=False), ',"error":', r.error_json or "null",
+              ',"approval":', r.approval_json or "null",
               ',"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(r.ended_at)), "}"]
     return "".join(parts)
 
@@ -88,7 +91,7 @@ class ToolCalls:
         next_seq = (sa.select(sa.func.coalesce(sa.func.max(TC.c.seq), 0) + 1)
                     .where(TC.c.turn_id == sa.bindparam("p_turn_id")).scalar_subquery())
         source = sa.select(
-            T.c.id, next_seq, sa.bindparam("p_tool_name", type_=sa.String), sa.literal(ToolCallStatus.STARTED.value),
+            T.c.id, next_seq, sa.bindparam("p_tool_name", type_=sa.String), sa.bindparam("p_status", type_=sa.String),
             sa.bindparam("p_args_json", type_=sa.Text), sa.bindparam("p_args_digest", type_=sa.String),
             sa.bindparam("p_args_preview", type_=sa.Text), sa.bindparam("p_now", type_=sa.DateTime(timezone=True)),
         ).where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
@@ -108,6 +111,11 @@ class ToolCalls:
         self._failed = b.one_shot(finish.values(
             status=ToolCallStatus.FAILED.value, ended_at=sa.bindparam("p_now"),
             error_json=sa.bindparam("p_error_json")))
+        self._decided = TC.update().where(
+            TC.c.turn_id == sa.bindparam("p_turn_id"), TC.c.seq == sa.bindparam("p_seq"),
+            TC.c.status == ToolCallStatus.AWAITING_APPROVAL.value, running,
+        ).values(status=sa.bindparam("p_status"), approval_json=sa.bindparam("p_approval_json"),
+                 ended_at=sa.bindparam("p_ended_at"))
         self._rows = sa.select(TC).where(TC.c.turn_id == sa.bindparam("turn_id")).order_by(TC.c.seq)
 
     # -- recording -------------------------------------------------------------------------
@@ -120,12 +128,15 @@ class ToolCalls:
         digest = self.b.blobs.put(text.encode("utf-8"))
         return None, digest, text[: limits.payload_preview_chars]
 
-    def started(self, turn_id: str, tool_name: str, args: Any) -> ToolCall:
+    def started(self, turn_id: str, tool_name: str, args: Any, needs_approval: bool = False) -> ToolCall:
         check.turn_id(turn_id)
         tool_name = check.name("tool_name", tool_name)
+        if not isinstance(needs_approval, bool):
+            raise E.InvalidInput("needs_approval must be true or false", field="needs_approval")
         args_json, args_digest, args_preview = self._payload("args", args)
         now = utcnow()
-        params = {"p_turn_id": turn_id, "p_tool_name": tool_name, "p_args_json": args_json,
+        status = ToolCallStatus.AWAITING_APPROVAL if needs_approval else ToolCallStatus.STARTED
+        params = {"p_turn_id": turn_id, "p_tool_name": tool_name, "p_args_json": args_json, "p_status": status.value,
                   "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now}
         for attempt in range(20):
             try:
@@ -139,9 +150,33 @@ class ToolCalls:
         if row is None:
             raise self._why_not(turn_id, None)
         seq = row[0]
-        self.b.emit(f"turn:{turn_id}", "tool.started", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
-        return ToolCall(turn_id, seq, tool_name, ToolCallStatus.STARTED, None if args_digest else args, args_digest,
+        self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
+        return ToolCall(turn_id, seq, tool_name, status, None if args_digest else args, args_digest,
                         args_preview, None, None, None, None, now, None)
+
+    def decide(self, turn_id: str, seq: int, approved: bool, reason: Any, actor: str | None) -> ToolCall:
+        """Record the approval decision of a call awaiting one: approved, it is
+        ``started`` (its worker runs it); denied, it is ``denied`` (final; the
+        turn goes on). Raises ``toolcall.not_awaiting_approval``, ``turn.not_running``."""
+        check.turn_id(turn_id)
+        seq = check.seq(turn_id, seq)
+        if not isinstance(approved, bool):
+            raise E.InvalidInput("approved must be true or false", field="approved")
+        if reason is not None:
+            check.json_value("reason", reason, self.b.limits.max_message_bytes)
+        now = utcnow()
+        approval = {"approved": approved, "reason": reason, "by": check.actor(actor), "at": now.isoformat()}
+        status = ToolCallStatus.STARTED if approved else ToolCallStatus.DENIED
+        with self.b.tx() as conn:
+            updated = conn.execute(self._decided, {
+                "p_turn_id": turn_id, "p_seq": seq, "p_status": status.value,
+                "p_approval_json": check.dump_json(approval), "p_ended_at": None if approved else now}).rowcount
+            row = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
+        if updated != 1:
+            raise self._why_not(turn_id, seq, deciding=True)
+        self.b.emit(f"turn:{turn_id}", "tool.approved" if approved else "tool.denied",
+                    {"turn_id": turn_id, "seq": seq, "reason": reason})
+        return _from_row(turn_id, row)
 
     def completed(self, turn_id: str, seq: int, result: Any) -> None:
         check.turn_id(turn_id)
@@ -162,7 +197,7 @@ class ToolCalls:
             raise self._why_not(turn_id, seq)
         self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq})
 
-    def _why_not(self, turn_id: str, seq: int | None) -> E.DraftstoreError:
+    def _why_not(self, turn_id: str, seq: int | None, deciding: bool = False) -> E.DraftstoreError:
         """Why recording was refused: the turn is missing or ended, or the call is
         missing or already finished (read after the fact; the statement decided)."""
         with self.b.tx(read_only=True) as conn:
@@ -175,6 +210,12 @@ class ToolCalls:
             call = conn.execute(sa.select(TC.c.status).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
         if call is None:
             return E.ToolCallNotFound(f"turn {turn_id} has no tool call {seq}", turn_id=turn_id, seq=seq)
+        if deciding:
+            return E.ToolCallNotAwaitingApproval(f"tool call {seq} of turn {turn_id} is {call.status}, not awaiting "
+                                                 "approval", turn_id=turn_id, seq=seq, status=call.status)
+        if call.status == ToolCallStatus.AWAITING_APPROVAL:
+            return E.ToolCallAwaitingApproval(f"tool call {seq} of turn {turn_id} still awaits its approval",
+                                              turn_id=turn_id, seq=seq, status=call.status)
         return E.ToolCallAlreadyFinished(f"tool call {seq} of turn {turn_id} already {call.status}",
                                          turn_id=turn_id, seq=seq, status=call.status)
 
@@ -190,20 +231,36 @@ class ToolCalls:
             conn.execute(TC.delete().where(TC.c.turn_id == turn_id))
         return check.JSONText("[" + ",".join(_compact(r) for r in rows) + "]")
 
-    def read(self, conn: Connection, turn: Any) -> tuple[tuple[ToolCall, ...], Any]:
+    def read(self, conn: Connection, turn: Any, after: int = 0,
+             limit: int | None = None) -> tuple[tuple[ToolCall, ...], Any]:
         """The history of ``turn`` (a row with ``id``, ``status``, ``tool_calls_json``),
-        in seq order: the compacted column of an ended turn, the rows of a running one.
+        in seq order (calls with seq > ``after``, at most ``limit``): the
+        compacted column of an ended turn, the rows of a running one.
 
         Returns (calls, turn row): if the turn ended between reading its row and
         its rows (which the end deletes in the transaction that fills the
         column), the row is read again and its column used.
         """
         if turn.tool_calls_json is None:
-            rows = conn.execute(self._rows, {"turn_id": turn.id}).all()
-            if rows:
+            stmt = self._rows if not after and limit is None else (
+                sa.select(TC).where(TC.c.turn_id == turn.id, TC.c.seq > after).order_by(TC.c.seq).limit(limit))
+            rows = conn.execute(stmt, {"turn_id": turn.id}).all()
+            if rows or conn.execute(sa.select(T.c.tool_calls_json.is_(None)).where(T.c.id == turn.id)).scalar():
                 return tuple(_from_row(turn.id, r) for r in rows), turn
-            fresh = conn.execute(sa.select(T).where(T.c.id == turn.id)).first()
-            if fresh is None or fresh.tool_calls_json is None:
-                return (), turn
-            turn = fresh
-        return tuple(_from_compact(turn.id, c) for c in turn.tool_calls_json), turn
+            turn = conn.execute(sa.select(T).where(T.c.id == turn.id)).one()
+        calls = [c for c in turn.tool_calls_json if c["seq"] > after]
+        if limit is not None:
+            calls = calls[:limit]
+        return tuple(_from_compact(turn.id, c) for c in calls), turn
+
+    def page(self, turn_id: str, cursor: str | None, limit: int | None) -> Page[ToolCall]:
+        """One page of a turn's history, in seq order."""
+        check.turn_id(turn_id)
+        n = paging.limit(limit)
+        key = paging.decode("tool_calls", cursor, (int,))
+        with self.b.tx(read_only=True) as conn:
+            turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
+            if turn is None:
+                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            calls, _ = self.read(conn, turn, key[0] if key else 0, n + 1)
+        return paging.page("tool_calls", list(calls), n, lambda c: (c.seq,), lambda c: c)

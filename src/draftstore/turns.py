@@ -26,13 +26,15 @@ from sqlalchemy.engine import Connection
 
 from . import errors as E
 from . import faults
+from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import D, T, utcnow
 from .drafts import Drafts
 from .ids import new_id
 from .projects import Projects
-from .records import DraftStatus, Turn, TurnStatus, aware
+from .deltas import Deltas
+from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware
 from .sealing import Fold, Sealing
 from .toolcalls import ToolCalls
 
@@ -52,7 +54,7 @@ def turn_record(r: Any, calls: tuple[Any, ...] = ()) -> Turn:
         status=TurnStatus(r.status), user_message=r.user_message_json, assistant_message=r.assistant_message_json,
         error=r.error_json, partial_response=r.partial_response_json, start_root=r.start_root,
         end_root=r.end_root, started_at=aware(r.started_at), ended_at=aware(r.ended_at),  # type: ignore[arg-type]
-        tool_calls=calls,
+        tool_calls=calls, end_reason=None if r.end_reason is None else TurnEndReason(r.end_reason),
     )
 
 
@@ -64,8 +66,9 @@ def state_blob(characters: Any, world_settings: Any) -> bytes:
 
 class Turns:
     def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing,
-                 toolcalls: ToolCalls) -> None:
+                 toolcalls: ToolCalls, deltas: Deltas) -> None:
         self.b = b
+        self.deltas = deltas
         self.projects = projects
         self.drafts = drafts
         self.sealing = sealing
@@ -130,20 +133,29 @@ class Turns:
     def complete(self, turn_id: str, assistant_message: Any) -> Turn:
         check.turn_id(turn_id)
         message = check.message("assistant_message", assistant_message, self.b.limits)
-        return self.end(turn_id, TurnStatus.COMPLETED, DraftStatus.PAUSED, {"assistant_message_json": message})
+        turn = self.end(turn_id, TurnStatus.COMPLETED, DraftStatus.PAUSED, {"assistant_message_json": message})
+        self.deltas.take(turn_id)
+        return turn
 
-    def interrupt(self, turn_id: str, partial_response: Any = None) -> Turn:
+    def interrupt(self, turn_id: str, partial_response: Any = None,
+                  reason: TurnEndReason | None = None) -> Turn:
+        """Interrupt; ``partial_response`` defaults to the text streamed so far (deltas)."""
         check.turn_id(turn_id)
-        values: dict[str, Any] = {}
-        if partial_response is not None:
+        values: dict[str, Any] = {"end_reason": reason}
+        partial = partial_response if partial_response is not None else self.deltas.take(turn_id)
+        if partial is not None:
             values["partial_response_json"] = check.json_value(
-                "partial_response", partial_response, self.b.limits.max_json_state_bytes)
-        return self.end(turn_id, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, values)
+                "partial_response", partial, self.b.limits.max_json_state_bytes)
+        turn = self.end(turn_id, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, values)
+        self.deltas.take(turn_id)
+        return turn
 
     def fail(self, turn_id: str, error: Any) -> Turn:
         check.turn_id(turn_id)
-        return self.end(turn_id, TurnStatus.FAILED, DraftStatus.INTERRUPTED,
+        turn = self.end(turn_id, TurnStatus.FAILED, DraftStatus.INTERRUPTED,
                         {"error_json": check.message("error", error, self.b.limits)})
+        self.deltas.take(turn_id)
+        return turn
 
     def end(self, turn_id: str, status: TurnStatus, draft_status: DraftStatus, values: dict[str, Any]) -> Turn:
         """End a running turn and seal its writes, in one transaction (see the module docstring)."""
@@ -235,6 +247,46 @@ class Turns:
                                 .order_by(T.c.number)).all()
         return [turn_record(r) for r in rows]
 
+    def page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Turn]:
+        n = paging.limit(limit)
+        key = paging.decode("turns", cursor, (int,))
+        with self.b.tx(read_only=True) as conn:
+            self.projects.load(conn, project_id)
+            rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id,
+                                                           T.c.number > (key[0] if key else 0))
+                                .order_by(T.c.number).limit(n + 1)).all()
+        return paging.page("turns", rows, n, lambda r: (r.number,), turn_record)
+
+    def summary(self, turn_id: str) -> Turn:
+        """A turn without its tool calls (see ``ToolCalls.page`` for them)."""
+        check.turn_id(turn_id)
+        with self.b.statement(read_only=True) as conn:
+            row = conn.execute(sa.select(*_SUMMARY).where(T.c.id == turn_id)).first()
+        if row is None:
+            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        return turn_record(row)
+
+    def durable_events(self, turn_id: str) -> list[tuple[str, dict[str, Any]]]:
+        """The turn's history as the events it emitted, rebuilt from the database
+        (for a stream whose buffer was lost): turn start, every tool call's
+        steps, the end. Text deltas are not durable and are not rebuilt."""
+        turn = self.get(turn_id)
+        out: list[tuple[str, dict[str, Any]]] = [
+            ("turn.started", {"turn_id": turn.id, "project_id": turn.project_id})]
+        for c in turn.tool_calls:
+            base = {"turn_id": turn.id, "seq": c.seq}
+            first = "tool.awaiting_approval" if c.approval is not None or c.status == "awaiting_approval" \
+                else "tool.started"
+            out.append((first, {**base, "tool_name": c.tool_name}))
+            if c.approval is not None:
+                out.append(("tool.approved" if c.approval.get("approved") else "tool.denied",
+                            {**base, "reason": c.approval.get("reason")}))
+            if c.status in ("completed", "failed"):
+                out.append((f"tool.{c.status}", base))
+        if turn.status != TurnStatus.RUNNING:
+            out.append((f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root}))
+        return out
+
     # -- recovery -------------------------------------------------------------------------------
     def reap(self) -> tuple[int, int]:
         """Interrupt every running turn older than the heartbeat TTL whose
@@ -250,7 +302,8 @@ class Turns:
             try:
                 if age <= self.b.settings.heartbeat_ttl_s or self.b.coord.alive(f"turn:{tid}"):
                     continue
-                self.end(tid, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, {})
+                self.end(tid, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED,
+                         {"end_reason": TurnEndReason.HEARTBEAT_LAPSED})
                 reaped += 1
             except E.TurnNotRunning:
                 pass  # ended meanwhile (by its worker, or by another sweeper)

@@ -12,7 +12,7 @@ JSON documents (characters, world settings, messages, partial responses, the
 compacted tool history) are JSONB on PostgreSQL, so admins can query them in
 SQL, and JSON (text) on SQLite.
 
-``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``H`` are the tables, for
+``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``H``, ``K`` are the tables, for
 the components that own their SQL.
 """
 
@@ -37,7 +37,8 @@ __all__ = [
     "HeadMoveRow",
     "metadata",
     "utcnow",
-    "P", "V", "D", "C", "T", "TC", "S", "H",
+    "TokenRow",
+    "P", "V", "D", "C", "T", "TC", "S", "H", "K",
 ]
 
 metadata = SQLModel.metadata
@@ -159,6 +160,8 @@ class TurnRow(SQLModel, table=True):
     partial_response_json: Any = Field(default=None, sa_column=_json(True))
     # the ordered tool history, compacted when the turn ends (NULL while it runs)
     tool_calls_json: Any = Field(default=None, sa_column=_json(True))
+    # why it ended, beyond its status: cancelled | heartbeat_lapsed | discarded (NULL: as asked)
+    end_reason: str | None = Field(default=None, max_length=32)
     # code tree roots at the turn's boundaries, and blob digests of the
     # {"characters", "world_settings"} JSON at the same moments
     start_root: str | None = Field(default=None, max_length=DIGEST)
@@ -185,6 +188,8 @@ class ToolCallRow(SQLModel, table=True):
     result_preview: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     # a failed call's error, serialised JSON
     error_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
+    # the approval decision of a call that needed one: {"approved", "reason", "by", "at"}, serialised
+    approval_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     started_at: datetime = Field(sa_column=_ts())
     ended_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
 
@@ -218,6 +223,21 @@ class HeadMoveRow(SQLModel, table=True):
     at: datetime = Field(sa_column=_ts())
 
 
+class TokenRow(SQLModel, table=True):
+    """An API token: only its SHA-256 is stored, so it can never be read back."""
+
+    __tablename__ = "api_token"
+    id: str = Field(primary_key=True, max_length=ID)
+    secret_hash: str = Field(max_length=DIGEST, unique=True)
+    # admin | agent | observer
+    role: str = Field(max_length=16)
+    project_id: str | None = Field(default=None, foreign_key="project.id", max_length=ID)  # NULL: every project
+    name: str = Field(default="", max_length=NAME)
+    created_at: datetime = Field(sa_column=_ts())
+    created_by: str | None = Field(default=None, max_length=NAME)
+    revoked_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+
+
 P = ProjectRow.__table__
 V = VersionRow.__table__
 D = DraftRow.__table__
@@ -226,3 +246,4 @@ T = TurnRow.__table__
 TC = ToolCallRow.__table__
 S = SnapshotRow.__table__
 H = HeadMoveRow.__table__
+K = TokenRow.__table__

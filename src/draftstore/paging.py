@@ -1,0 +1,80 @@
+"""Pages of long lists: opaque cursors and capped limits.
+
+A cursor is the key of the last item of a page (a number, or a timestamp and
+an id), tagged with the list it belongs to and base64url-encoded: opaque to
+callers, stable under concurrent inserts (keyset paging: an item added
+meanwhile is never skipped or repeated), and refused (``input.invalid``) on
+any other list or when malformed. A page never holds more than ``MAX_LIMIT``
+items.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+from . import errors as E
+from .records import Page
+
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page"]
+
+DEFAULT_LIMIT = 50
+MAX_LIMIT = 200
+
+T = TypeVar("T")
+
+
+def limit(value: Any) -> int:
+    """A page size: an integer from 1 to ``MAX_LIMIT`` (None: ``DEFAULT_LIMIT``)."""
+    if value is None:
+        return DEFAULT_LIMIT
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_LIMIT:
+        raise E.InvalidInput(f"limit is an integer from 1 to {MAX_LIMIT}", field="limit")
+    return value
+
+
+def encode(kind: str, key: Sequence[Any]) -> str:
+    raw = json.dumps([kind, *[k.isoformat() if isinstance(k, datetime) else k for k in key]],
+                     separators=(",", ":"))
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def decode(kind: str, cursor: Any, shape: Sequence[type]) -> list[Any] | None:
+    """The key in ``cursor`` (None for the first page). ``shape`` gives the
+    key's types (``datetime`` keys travel as ISO text)."""
+    if cursor is None or cursor == "":
+        return None
+    bad = E.InvalidInput("cursor is not one this list handed out", field="cursor")
+    if not isinstance(cursor, str) or len(cursor) > 512:
+        raise bad
+    try:
+        raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (binascii.Error, ValueError, UnicodeDecodeError):
+        raise bad from None
+    if not isinstance(raw, list) or len(raw) != len(shape) + 1 or raw[0] != kind:
+        raise bad
+    key: list[Any] = []
+    for value, typ in zip(raw[1:], shape):
+        try:
+            if typ is datetime:
+                value = datetime.fromisoformat(value)
+            elif typ is int and (not isinstance(value, int) or isinstance(value, bool) or abs(value) > 2**62):
+                raise ValueError
+            elif typ is str and not isinstance(value, str):
+                raise ValueError
+        except (TypeError, ValueError):
+            raise bad from None
+        key.append(value)
+    return key
+
+
+def page(kind: str, rows: list[Any], n: int, key: Callable[[Any], Sequence[Any]],
+         record: Callable[[Any], T]) -> Page[T]:
+    """A page from up to ``n + 1`` rows (the extra row only says there is more)."""
+    more = len(rows) > n
+    rows = rows[:n]
+    return Page([record(r) for r in rows], encode(kind, key(rows[-1])) if more and rows else None)

@@ -1,0 +1,62 @@
+"""The HTTP service: a thin FastAPI layer over one ``Store``.
+
+``create_app()`` opens the store the ``DRAFTSTORE_*`` environment describes
+(or takes one), installs the error table and the routes. Every handler calls
+the store and maps its typed errors; no domain logic lives here.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request
+from starlette.responses import Response
+
+from .. import __version__
+from ..store import Store
+from . import errors
+from .auth import Authenticator, TurnProjects
+from .routes import health, projects, states, streams, tokens, turns
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("draftstore.service")
+
+MAX_BODY_BYTES = 256 * 1024 * 1024
+
+
+def create_app(store: Store | None = None) -> FastAPI:
+    """The service app. Without ``store``, one is opened from the environment at
+    startup and closed at shutdown."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = store is None
+        s = Store.from_env() if owned else store
+        app.state.store = s
+        app.state.auth = Authenticator(s)
+        app.state.turn_projects = TurnProjects()
+        try:
+            yield
+        finally:
+            if owned:
+                s.close()
+
+    app = FastAPI(title="draftstore", version=__version__, lifespan=lifespan,
+                  description="The state store behind AI agents that edit a project over many turns.")
+    errors.install(app)
+
+    @app.middleware("http")
+    async def body_limit(request: Request, call_next):  # type: ignore[no-untyped-def]
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+            return errors.error_response(413, "payload.too_large", f"request bodies are at most {MAX_BODY_BYTES} bytes",
+                                         {"limit": MAX_BODY_BYTES})
+        response: Response = await call_next(request)
+        return response
+
+    for module in (health, projects, turns, states, streams, tokens):
+        app.include_router(module.router)
+    return app

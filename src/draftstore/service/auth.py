@@ -1,0 +1,158 @@
+"""Who is asking: bearer tokens, roles and project scopes.
+
+Every route states the roles it admits (``Allow``). A token scoped to one
+project that names another project's resource gets ``404`` exactly as if it
+did not exist, so ids never leak across projects.
+
+Open mode: while no token exists at all, the service answers loopback
+clients only, every one as an admin (``draftstore serve`` refuses to bind any
+other address in that state). Creating the first token ends open mode within
+``AUTH_CACHE_S``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from .. import errors as E
+from ..records import Role
+from ..store import Store
+
+__all__ = ["Principal", "Allow", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope"]
+
+AUTH_CACHE_S = 5.0  # an authenticated (or revoked) token is re-checked after this long
+
+
+@dataclass(frozen=True)
+class Principal:
+    role: Role
+    project_id: str | None  # None: every project
+    token_id: str | None  # None: open mode
+
+    def may_see(self, project_id: str) -> bool:
+        return self.project_id is None or self.project_id == project_id
+
+
+def get_store(request: Request) -> Store:
+    return request.app.state.store
+
+
+StoreDep = Annotated[Store, Depends(get_store)]
+
+
+class Authenticator:
+    """Tokens -> principals, cached briefly (one database read per token per few seconds)."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self._cache: OrderedDict[str, tuple[float, Principal | E.DraftstoreError]] = OrderedDict()
+        self._any_token: tuple[float, bool] = (0.0, False)
+        self._lock = threading.Lock()
+
+    def tokens_exist(self) -> bool:
+        checked, exists = self._any_token
+        if time.monotonic() - checked > AUTH_CACHE_S:
+            exists = self.store.tokens.any_active()
+            self._any_token = (time.monotonic(), exists)
+        return exists
+
+    def principal(self, request: Request) -> Principal:
+        header = request.headers.get("authorization")
+        if header is None:
+            if not self.tokens_exist():
+                if _loopback(request):
+                    return Principal(Role.ADMIN, None, None)
+                raise E.AuthRequired("no token configured: the service answers loopback clients only")
+            raise E.AuthRequired("this route needs a bearer token (Authorization: Bearer dst_...)")
+        scheme, _, secret = header.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise E.AuthInvalid("Authorization must be 'Bearer <token>'")
+        key = hashlib.sha256(secret.strip().encode()).hexdigest()
+        now = time.monotonic()
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is None or now - hit[0] > AUTH_CACHE_S:
+            try:
+                token = self.store.tokens.authenticate(secret.strip())
+                result: Principal | E.DraftstoreError = Principal(token.role, token.project_id, token.id)
+            except E.AuthInvalid as exc:
+                result = exc
+            with self._lock:
+                self._cache[key] = (now, result)
+                self._cache.move_to_end(key)
+                while len(self._cache) > 10_000:
+                    self._cache.popitem(last=False)
+            hit = (now, result)
+        if isinstance(hit[1], E.DraftstoreError):
+            raise hit[1]
+        return hit[1]
+
+
+def _loopback(request: Request) -> bool:
+    host = request.client.host if request.client else ""
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host in ("localhost", "testclient")
+
+
+ADMIN = (Role.ADMIN,)
+AGENT = (Role.ADMIN, Role.AGENT)
+ANY = (Role.ADMIN, Role.AGENT, Role.OBSERVER)
+
+
+def Allow(*roles: Role) -> object:
+    """A dependency: the caller's principal, if its role is one of ``roles`` (else ``auth.forbidden``)."""
+
+    def check(request: Request) -> Principal:
+        principal = request.app.state.auth.principal(request)
+        if principal.role not in roles:
+            raise E.Forbidden(f"a {principal.role} token may not do this", role=principal.role)
+        return principal
+
+    return Depends(check)
+
+
+def project_scope(principal: Principal, project_id: str) -> None:
+    """A project-scoped token sees only its project: anything else is not found."""
+    if not principal.may_see(project_id):
+        raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+
+
+def turn_scope(principal: Principal, store: Store, turn_id: str, cache: "TurnProjects") -> str:
+    """The turn's project, checked against the token's scope (404 for another project's turn)."""
+    if principal.project_id is None:
+        return ""
+    project_id = cache.project_of(store, turn_id)
+    if project_id != principal.project_id:
+        raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+    return project_id
+
+
+class TurnProjects:
+    """turn id -> project id (a turn never changes project), bounded LRU."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self._map: OrderedDict[str, str] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def project_of(self, store: Store, turn_id: str) -> str:
+        with self._lock:
+            hit = self._map.get(turn_id)
+        if hit is not None:
+            return hit
+        project_id = store.get_turn(turn_id, tool_calls=False).project_id
+        with self._lock:
+            self._map[turn_id] = project_id
+            while len(self._map) > self._size:
+                self._map.popitem(last=False)
+        return project_id

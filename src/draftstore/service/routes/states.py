@@ -1,0 +1,103 @@
+"""Agent reads through the view (draft, else head), or a pinned state with ``?at=``.
+
+``at``: ``draft`` (default: the draft, else head), ``head``, ``version:<id>``
+(or a bare version id), ``turn:<id>:start`` / ``turn:<id>:end``. Observers
+read published versions only: ``at=head`` or ``at=version:<id>``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query
+from starlette.responses import Response
+
+from ... import errors as E
+from ...records import Role
+from ...search import SearchResult
+from ...store import Store
+from ...view import DirEntry, FileStat, PathList, View
+from ..auth import ANY, Allow, Principal, StoreDep, project_scope
+from ..responses import JSON
+
+router = APIRouter(prefix="/v1/projects/{project_id}/view", tags=["view"])
+
+At = Annotated[str, Query(description="draft | head | version:<id> | turn:<id>:start|end")]
+
+
+def observer_ref(store: Store, principal: Principal, project_id: str, ref: str) -> str:
+    """An HTTP state reference as a library one, checked against the project
+    (another project's version or turn is not found) and the role."""
+    if not isinstance(ref, str) or not ref or len(ref) > 200:
+        raise E.InvalidInput("a state is draft, head, version:<id> or turn:<id>:start|end", field="at")
+    kind, _, rest = ref.partition(":")
+    if kind in ("draft", "head") and not rest:
+        if kind == "draft" and principal.role == Role.OBSERVER:
+            raise E.Forbidden("an observer reads published versions only (at=head or at=version:<id>)")
+        return f"{kind}:{project_id}"
+    if kind == "turn":
+        if principal.role == Role.OBSERVER:
+            raise E.Forbidden("an observer reads published versions only")
+        turn_id, _, boundary = rest.partition(":")
+        if store.get_turn(turn_id, tool_calls=False).project_id != project_id:
+            raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+        return f"turn:{turn_id}:{boundary or 'end'}"
+    version_id = rest if kind == "version" else ref
+    store.get_version(version_id, project_id=project_id)
+    return version_id
+
+
+def _view(store: Store, principal: Principal, project_id: str, at: str) -> View:
+    project_scope(principal, project_id)
+    return store.resolve(observer_ref(store, principal, project_id, at))
+
+
+def _state(view: View) -> dict[str, Any]:
+    return {"project_id": view.project_id, "kind": view.kind, "root": view.root, "version_id": view.version_id,
+            "draft_id": view.draft_id, "revision": view.revision, "characters": view.characters,
+            "world_settings": view.world_settings}
+
+
+@router.get("", response_class=JSON)
+def state(project_id: str, store: StoreDep, at: At = "draft", principal: Principal = Allow(*ANY)) -> JSON:
+    """Which state this is (kind, root, ids) with its characters and world settings."""
+    return JSON(_state(_view(store, principal, project_id, at)))
+
+
+@router.get("/files/{path:path}", response_class=Response,
+            responses={200: {"content": {"application/octet-stream": {}}}})
+def read_file(project_id: str, path: str, store: StoreDep, at: At = "draft",
+              principal: Principal = Allow(*ANY)) -> Response:
+    view = _view(store, principal, project_id, at)
+    st = view.stat(path)
+    return Response(view.read_file(path), media_type="application/octet-stream",
+                    headers={"ETag": f'"{st.digest}"', "X-Draftstore-Digest": st.digest})
+
+
+@router.get("/stat/{path:path}", response_model=FileStat, response_class=JSON)
+def stat(project_id: str, path: str, store: StoreDep, at: At = "draft", principal: Principal = Allow(*ANY)) -> JSON:
+    return JSON(_view(store, principal, project_id, at).stat(path))
+
+
+@router.get("/list", response_model=list[DirEntry], response_class=JSON)
+def list_dir(project_id: str, store: StoreDep, dir: str = "", at: At = "draft",
+             principal: Principal = Allow(*ANY)) -> JSON:
+    return JSON(_view(store, principal, project_id, at).list_dir(dir))
+
+
+@router.get("/find", response_class=JSON)
+def find_files(project_id: str, store: StoreDep, glob: str = "**",
+               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000, at: At = "draft",
+               principal: Principal = Allow(*ANY)) -> JSON:
+    paths: PathList = _view(store, principal, project_id, at).find_files(glob, limit=limit)
+    return JSON({"paths": list(paths), "truncated": paths.truncated})
+
+
+@router.get("/search", response_model=SearchResult, response_class=JSON)
+def search_code(project_id: str, q: str, store: StoreDep, regex: bool = False, glob: str | None = None,
+                context: Annotated[int, Query(ge=0, le=100)] = 0,
+                max_results: Annotated[int, Query(ge=1, le=10_000)] = 100, ignore_case: bool = False,
+                at: At = "draft", principal: Principal = Allow(*ANY)) -> JSON:
+    view = _view(store, principal, project_id, at)
+    return JSON(view.search_code(q, regex=regex, glob=glob, context=context, max_results=max_results,
+                                 ignore_case=ignore_case))

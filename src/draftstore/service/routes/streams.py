@@ -1,0 +1,192 @@
+"""Event streams over SSE, with ``Last-Event-ID`` replay.
+
+An event's SSE id is ``<epoch>:<n>``: ``n`` is its id in the turn's (or
+project's) buffer, ``epoch`` the buffer's identity. A client reconnecting with
+``Last-Event-ID`` (or ``?after=``) receives exactly the events it missed, then
+live ones. If the buffer it knew is gone (the coordinator was flushed or
+restarted, the buffer expired, or events it had not seen were trimmed), the
+stream says so with a ``stream.rebuilt`` event and then sends the turn's
+durable events rebuilt from the database (turn status changes, tool calls;
+text deltas are not durable and may be missing), after which live events
+follow. A client treats ``stream.rebuilt`` as "replace what you had".
+
+A turn's stream ends (``stream.end``) after the turn's end event. Idle streams
+get a keep-alive comment every ``KEEPALIVE_S``; with ``Accept:
+application/json`` the route returns one page of buffered events instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+
+from ... import errors as E
+from ...coord import Tail
+from ...store import Store
+from ..auth import AGENT, ANY, Allow, Principal, StoreDep, project_scope, turn_scope
+from ..responses import JSON, dumps
+
+router = APIRouter(prefix="/v1", tags=["events"])
+
+KEEPALIVE_S = 15
+POLL_S = 0.2
+BATCH = 500
+TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
+COMMITTED = {"version.published", "head.moved", "draft.discarded"}
+
+
+def _position(last_event_id: str | None, after: int | None) -> tuple[str | None, int] | None:
+    """(epoch or None if the client gave a bare number, n), or None for a fresh client."""
+    if last_event_id:
+        epoch, sep, n = last_event_id.rpartition(":")
+        if not sep or not n.isdigit() or not epoch or len(last_event_id) > 100:
+            raise E.InvalidInput("Last-Event-ID is not an id this stream sent", field="Last-Event-ID")
+        return epoch, int(n)
+    if after is not None:
+        return None, after
+    return None
+
+
+def _sse(epoch: str | None, event: Any) -> ServerSentEvent:
+    return ServerSentEvent(dumps(event.data).decode(), event=event.type, id=f"{epoch or '-'}:{event.id}")
+
+
+class _Stream:
+    """One subscriber's cursor over one buffer: yields what it has not seen."""
+
+    def __init__(self, store: Store, stream: str, turn_id: str | None, types: set[str] | None) -> None:
+        self.store, self.stream, self.turn_id, self.types = store, stream, turn_id, types
+        self.epoch: str | None = None
+        self.after = 0
+        self.ended = False
+
+    async def tail(self, after: int) -> Tail:
+        return await run_in_threadpool(self.store.coord.tail, self.stream, after, BATCH)
+
+    async def rebuilt(self, reason: str) -> AsyncIterator[ServerSentEvent]:
+        """The ``stream.rebuilt`` marker and the durable events; live events follow from the buffer's end."""
+        tail = await self.tail(1 << 62)  # only the position: where live events will continue
+        self.epoch, self.after = tail.epoch, tail.last_id
+        cursor = f"{self.epoch or '-'}:{self.after}"
+        events = await run_in_threadpool(self.store.durable_events, self.turn_id) if self.turn_id else []
+        yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": True}).decode(), event="stream.rebuilt",
+                              id=cursor if not events else None)
+        for i, (type_, data) in enumerate(events):
+            self.ended = self.ended or type_ in TURN_END
+            yield ServerSentEvent(dumps(data).decode(), event=type_, id=cursor if i == len(events) - 1 else None)
+
+    async def start(self, position: tuple[str | None, int] | None) -> AsyncIterator[ServerSentEvent]:
+        tail = await self.tail(0 if position is None else position[1])
+        if position is None and self.turn_id is None:
+            self.epoch, self.after = tail.epoch, tail.last_id  # a project's subscriber wants what happens next
+            return
+        if position is None:
+            if tail.epoch is not None and tail.first_id <= 1:
+                self.epoch, self.after = tail.epoch, 0  # the whole history is buffered
+            else:
+                async for e in self.rebuilt("the buffer no longer holds this stream's whole history"):
+                    yield e
+            return
+        epoch, n = position
+        if epoch == "-" and tail.epoch is not None:
+            tail = await self.tail(0)  # the buffer was created after the client's rebuilt snapshot
+            n = 0
+            epoch = tail.epoch
+        if (epoch is None or epoch == tail.epoch) and tail.epoch is not None and tail.first_id <= n + 1 \
+                and n <= tail.last_id:
+            self.epoch, self.after = tail.epoch, n
+            return
+        if epoch == "-" and tail.epoch is None:
+            self.epoch, self.after = None, 0
+            return
+        async for e in self.rebuilt("the buffer this client read from was lost or trimmed"):
+            yield e
+
+    async def events(self, request: Request) -> AsyncIterator[ServerSentEvent]:
+        while not self.ended:
+            if await request.is_disconnected():
+                return
+            tail = await self.tail(self.after)
+            if tail.epoch != self.epoch and (tail.epoch is not None or self.epoch is not None):
+                if self.epoch is None and tail.first_id <= 1:
+                    self.epoch = tail.epoch  # the buffer appeared (first events after a rebuild)
+                else:
+                    async for e in self.rebuilt("the buffer was lost while streaming"):
+                        yield e
+                    continue
+            elif tail.epoch is not None and tail.first_id > self.after + 1:
+                async for e in self.rebuilt("events were trimmed before this client read them"):
+                    yield e
+                continue
+            for event in tail.events:
+                self.after = event.id
+                if self.types is None or event.type in self.types:
+                    yield _sse(self.epoch, event)
+                if self.turn_id and event.type in TURN_END:
+                    self.ended = True
+                    break
+            if not tail.events:
+                await asyncio.sleep(POLL_S)
+        yield ServerSentEvent("{}", event="stream.end")
+
+
+def _response(request: Request, stream: _Stream, position: tuple[str | None, int] | None) -> EventSourceResponse:
+    async def gen() -> AsyncIterator[ServerSentEvent]:
+        async for e in stream.start(position):
+            yield e
+        async for e in stream.events(request):
+            yield e
+
+    return EventSourceResponse(gen(), ping=KEEPALIVE_S, headers={"Cache-Control": "no-store",
+                                                                   "X-Accel-Buffering": "no"})
+
+
+def _page(store: Store, stream: str, after: int, before: int | None, limit: int, types: set[str] | None) -> JSON:
+    tail = store.coord.tail(stream, after, limit if before is None else max(0, min(limit, before - after - 1)))
+    events = [e for e in tail.events if before is None or e.id < before]
+    shown = [{"id": f"{tail.epoch}:{e.id}", "type": e.type, "data": e.data}
+             for e in events if types is None or e.type in types]
+    last = events[-1].id if events else after
+    return JSON({"events": shown, "epoch": tail.epoch, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
+                 "has_more_after": last < (tail.last_id if before is None else min(tail.last_id, before - 1))})
+
+
+def _wants_json(request: Request) -> bool:
+    accept = request.headers.get("accept", "")
+    return "application/json" in accept and "text/event-stream" not in accept
+
+
+Limit = Annotated[int, Query(ge=1, le=1000)]
+
+
+@router.get("/turns/{turn_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+async def turn_events(turn_id: str, request: Request, store: StoreDep, after: Annotated[int | None, Query(ge=0)] = None,
+                      before: Annotated[int | None, Query(ge=1)] = None, limit: Limit = 100,
+                      principal: Principal = Allow(*AGENT)) -> Any:
+    """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
+    application/json`` one page ``{events, has_more_before, has_more_after}``."""
+    await run_in_threadpool(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
+    await run_in_threadpool(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
+    if _wants_json(request):
+        return await run_in_threadpool(_page, store, f"turn:{turn_id}", after or 0, before, limit, None)
+    position = _position(request.headers.get("last-event-id"), after)
+    return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None), position)
+
+
+@router.get("/projects/{project_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+async def project_events(project_id: str, request: Request, store: StoreDep,
+                         after: Annotated[int | None, Query(ge=0)] = None,
+                         before: Annotated[int | None, Query(ge=1)] = None, limit: Limit = 100,
+                         principal: Principal = Allow(*ANY)) -> Any:
+    """Committed events of the project only: ``version.published``, ``head.moved``, ``draft.discarded``."""
+    project_scope(principal, project_id)
+    await run_in_threadpool(store.get_project, project_id)
+    if _wants_json(request):
+        return await run_in_threadpool(_page, store, f"project:{project_id}", after or 0, before, limit, COMMITTED)
+    position = _position(request.headers.get("last-event-id"), after)
+    return _response(request, _Stream(store, f"project:{project_id}", None, COMMITTED), position)

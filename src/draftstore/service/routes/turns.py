@@ -1,0 +1,209 @@
+"""Turns: start, continue, end, heartbeats; tool calls and approvals; draft writes; text deltas."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
+from starlette.responses import Response
+
+from ... import errors as E
+from ...records import Draft, Page, ToolCall, Turn
+from ..auth import AGENT, Allow, Principal, StoreDep, project_scope, turn_scope
+from ..responses import JSON
+from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
+                       ToolFail, ToolStart, decode_files)
+
+router = APIRouter(prefix="/v1", tags=["turns"])
+
+Cursor = Annotated[str | None, Query(description="from the previous page's next_cursor")]
+Limit = Annotated[int | None, Query(ge=1, le=200)]
+NoContent = Response(status_code=204)
+
+
+def _scoped(request: Request, principal: Principal, store: Any, turn_id: str) -> None:
+    turn_scope(principal, store, turn_id, request.app.state.turn_projects)
+
+
+@router.post("/projects/{project_id}/turns", status_code=201, response_model=Turn, response_class=JSON)
+def start_turn(project_id: str, body: StartTurn, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
+    """Start a turn (a draft is derived from head if none is open); ``continue: true``
+    continues on the existing draft (``draft.none`` if there is none)."""
+    project_scope(principal, project_id)
+    begin = store.continue_turn if body.continue_ else store.start_turn
+    return JSON(begin(project_id, body.user_message, actor=body.actor), status_code=201)
+
+
+@router.get("/projects/{project_id}/turns", response_model=Page[Turn], response_class=JSON)
+def list_turns(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
+               principal: Principal = Allow(*AGENT)) -> JSON:
+    project_scope(principal, project_id)
+    return JSON(store.page_turns(project_id, cursor, limit))
+
+
+@router.get("/turns/{turn_id}", response_class=JSON)
+def get_turn(turn_id: str, request: Request, store: StoreDep, tool_calls_limit: Limit = None,
+             principal: Principal = Allow(*AGENT)) -> JSON:
+    """The turn, with the first page of its tool calls (``tool_calls_next_cursor``
+    for the rest, through ``/turns/{turn_id}/tool-calls``)."""
+    _scoped(request, principal, store, turn_id)
+    turn = store.get_turn(turn_id, tool_calls=False)
+    calls = store.page_tool_calls(turn_id, None, tool_calls_limit)
+    return JSON({**dataclasses.asdict(dataclasses.replace(turn, tool_calls=())), "tool_calls": calls.items,
+                 "tool_calls_next_cursor": calls.next_cursor})
+
+
+@router.get("/turns/{turn_id}/tool-calls", response_model=Page[ToolCall], response_class=JSON)
+def list_tool_calls(turn_id: str, request: Request, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
+                    principal: Principal = Allow(*AGENT)) -> JSON:
+    _scoped(request, principal, store, turn_id)
+    return JSON(store.page_tool_calls(turn_id, cursor, limit))
+
+
+def _ended(turn: Turn) -> JSON:
+    return JSON(dataclasses.replace(turn, tool_calls=()))
+
+
+@router.post("/turns/{turn_id}/complete", response_model=Turn, response_class=JSON)
+def complete(turn_id: str, body: Complete, request: Request, store: StoreDep,
+             principal: Principal = Allow(*AGENT)) -> JSON:
+    _scoped(request, principal, store, turn_id)
+    return _ended(store.complete_turn(turn_id, body.assistant_message))
+
+
+@router.post("/turns/{turn_id}/interrupt", response_model=Turn, response_class=JSON)
+def interrupt(turn_id: str, request: Request, store: StoreDep, body: Interrupt | None = None,
+              principal: Principal = Allow(*AGENT)) -> JSON:
+    _scoped(request, principal, store, turn_id)
+    return _ended(store.interrupt_turn(turn_id, body.partial_response if body else None))
+
+
+@router.post("/turns/{turn_id}/fail", response_model=Turn, response_class=JSON)
+def fail(turn_id: str, body: Fail, request: Request, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
+    _scoped(request, principal, store, turn_id)
+    return _ended(store.fail_turn(turn_id, body.error))
+
+
+@router.post("/turns/{turn_id}/cancel", response_model=Turn, response_class=JSON)
+def cancel(turn_id: str, request: Request, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
+    """End the turn ``interrupted`` with ``end_reason: cancelled`` (not a failure)."""
+    _scoped(request, principal, store, turn_id)
+    return _ended(store.cancel_turn(turn_id))
+
+
+@router.post("/turns/{turn_id}/heartbeat", status_code=204)
+def heartbeat(turn_id: str, request: Request, store: StoreDep, principal: Principal = Allow(*AGENT)) -> Response:
+    """Keep a running turn alive; 409 ``turn.not_running`` once it was ended elsewhere."""
+    _scoped(request, principal, store, turn_id)
+    store.heartbeat(turn_id)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/deltas", status_code=204)
+def delta(turn_id: str, body: Delta, request: Request, store: StoreDep,
+          principal: Principal = Allow(*AGENT)) -> Response:
+    """Assistant text to the turn's stream (``assistant.delta``); not a row per delta."""
+    _scoped(request, principal, store, turn_id)
+    store.append_delta(turn_id, body.text)
+    return Response(status_code=204)
+
+
+# -- tool calls ---------------------------------------------------------------------------
+@router.post("/turns/{turn_id}/tool-calls", status_code=201, response_model=ToolCall, response_class=JSON)
+def tool_started(turn_id: str, body: ToolStart, request: Request, store: StoreDep,
+                 principal: Principal = Allow(*AGENT)) -> JSON:
+    _scoped(request, principal, store, turn_id)
+    call = store.tool_started(turn_id, body.tool_name, body.args, needs_approval=body.needs_approval)
+    return JSON(call, status_code=201)
+
+
+@router.post("/turns/{turn_id}/tool-calls/{seq}/complete", status_code=204)
+def tool_completed(turn_id: str, seq: int, body: ToolComplete, request: Request, store: StoreDep,
+                   principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.tool_completed(turn_id, seq, body.result)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/tool-calls/{seq}/fail", status_code=204)
+def tool_failed(turn_id: str, seq: int, body: ToolFail, request: Request, store: StoreDep,
+                principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.tool_failed(turn_id, seq, body.error)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/tool-calls/{seq}/approval", response_model=ToolCall, response_class=JSON)
+def approval(turn_id: str, seq: int, body: Approval, request: Request, store: StoreDep,
+             principal: Principal = Allow(*AGENT)) -> JSON:
+    """Approve (the call becomes ``started``) or deny (``denied``; not a turn failure)."""
+    _scoped(request, principal, store, turn_id)
+    return JSON(store.decide_tool_call(turn_id, seq, body.approved, body.reason, actor=body.actor))
+
+
+# -- draft writes ---------------------------------------------------------------------------
+@router.put("/turns/{turn_id}/files/{path:path}", status_code=204,
+            openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {
+                "type": "string", "format": "binary"}}}, "required": True}})
+async def write_file(turn_id: str, path: str, request: Request, principal: Principal = Allow(*AGENT)) -> Response:
+    """Write one file; the body is its raw content."""
+    store = request.app.state.store
+    limit = store.limits.max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
+    from starlette.concurrency import run_in_threadpool
+
+    await run_in_threadpool(_scoped, request, principal, store, turn_id)
+    await run_in_threadpool(store.write_file, turn_id, path, bytes(data))
+    return Response(status_code=204)
+
+
+@router.delete("/turns/{turn_id}/files/{path:path}", status_code=204)
+def delete_file(turn_id: str, path: str, request: Request, store: StoreDep,
+                principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.delete_file(turn_id, path)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/changes", status_code=204)
+def apply_changes(turn_id: str, body: Changes, request: Request, store: StoreDep,
+                  principal: Principal = Allow(*AGENT)) -> Response:
+    """One atomic batch: ``{"changes": {path: base64 | null}}`` (null deletes)."""
+    _scoped(request, principal, store, turn_id)
+    store.apply_changes(turn_id, decode_files(body.changes, "changes"))
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/move", status_code=204)
+def move_file(turn_id: str, body: Move, request: Request, store: StoreDep,
+              principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.move_file(turn_id, body.src, body.dst)
+    return Response(status_code=204)
+
+
+@router.patch("/turns/{turn_id}/characters", response_class=JSON)
+def patch_characters(turn_id: str, body: Patch, request: Request, store: StoreDep,
+                     principal: Principal = Allow(*AGENT)) -> JSON:
+    """Returns the new characters."""
+    _scoped(request, principal, store, turn_id)
+    return JSON(store.patch_characters(turn_id, body.patch))
+
+
+@router.patch("/turns/{turn_id}/world-settings", response_class=JSON)
+def patch_world_settings(turn_id: str, body: Patch, request: Request, store: StoreDep,
+                         principal: Principal = Allow(*AGENT)) -> JSON:
+    """Returns the new world settings."""
+    _scoped(request, principal, store, turn_id)
+    return JSON(store.patch_world_settings(turn_id, body.patch))
+
+
+__all__ = ["router", "Draft"]

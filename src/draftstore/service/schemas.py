@@ -1,0 +1,131 @@
+"""Request bodies. Field names are the Python API's parameter names.
+
+JSON values (messages, args, results, errors, patches, characters) are
+``Any``: the library checks them. File contents in JSON travel base64-encoded.
+Unknown fields are refused, so a misspelt field is an error, not a no-op.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .. import errors as E
+
+__all__ = [
+    "CreateProject", "StartTurn", "Complete", "Interrupt", "Fail", "ToolStart", "ToolComplete", "ToolFail",
+    "Approval", "Changes", "Move", "Patch", "Delta", "Publish", "Rollback", "Fork", "CreateToken", "Actor",
+    "decode_files",
+]
+
+
+class Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Actor(Body):
+    actor: str | None = None
+
+
+class CreateProject(Body):
+    name: str
+    files: dict[str, str] | None = Field(None, description="path -> base64 content")
+    characters: Any = None
+    world_settings: Any = None
+    actor: str | None = None
+
+
+class StartTurn(Body):
+    user_message: Any = Field(..., description="any JSON value: a string or a structured chat message")
+    continue_: bool = Field(False, alias="continue", description="true: continue on the existing draft")
+    actor: str | None = None
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Complete(Body):
+    assistant_message: Any
+
+
+class Interrupt(Body):
+    partial_response: Any = None
+
+
+class Fail(Body):
+    error: Any
+
+
+class ToolStart(Body):
+    tool_name: str
+    args: Any = None
+    needs_approval: bool = False
+
+
+class ToolComplete(Body):
+    result: Any = None
+
+
+class ToolFail(Body):
+    error: Any
+
+
+class Approval(Body):
+    approved: bool
+    reason: Any = None
+    actor: str | None = None
+
+
+class Changes(Body):
+    changes: dict[str, str | None] = Field(..., description="path -> base64 content, or null to delete")
+
+
+class Move(Body):
+    src: str
+    dst: str
+
+
+class Patch(Body):
+    patch: Any = Field(..., description="a JSON Patch (list, RFC 6902) or a JSON Merge Patch (object, RFC 7386)")
+
+
+class Delta(Body):
+    text: str
+
+
+class Publish(Body):
+    summary: str = ""
+    force: bool = False
+    actor: str | None = None
+
+
+class Rollback(Body):
+    version_id: str
+    actor: str | None = None
+
+
+class Fork(Body):
+    name: str
+    version_id: str | None = Field(None, description="default: the project's head")
+    actor: str | None = None
+
+
+class CreateToken(Body):
+    role: str
+    project_id: str | None = None
+    name: str = ""
+
+
+def decode_files(files: dict[str, str | None], field: str) -> dict[str, bytes | None]:
+    """Base64 contents -> bytes (None stays a deletion). Raises ``input.invalid``."""
+    out: dict[str, bytes | None] = {}
+    for path, text in files.items():
+        if text is None:
+            out[path] = None
+            continue
+        try:
+            out[path] = base64.b64decode(text, validate=True)
+        except (binascii.Error, ValueError):
+            raise E.InvalidInput(f"{field}[{path[:100]!r}] is not base64", field=field, path=path[:200]) from None
+    return out

@@ -1,0 +1,122 @@
+"""The HTTP service, run for real: uvicorn in a subprocess on a free loopback port.
+
+- ``service_factory(workers=1, env=None)`` starts a service on the ``stack``
+  (both flavours; the embedded one is the default a user gets) and returns a
+  ``Service``; every service it started is stopped after the test.
+- ``service`` — one service on the stack, with an admin token, so tests
+  exercise the authenticated path (open mode has tests of its own).
+
+A ``Service`` has ``url``, ``client(token=...)`` (an httpx client), ``store``
+(a Store on the same stack, for setting up and checking state directly),
+``token(role, project_id=None)`` (a new token's secret) and ``stop()``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+
+from draftstore import Settings, Store
+
+__all__ = ["Service", "service", "service_factory", "free_port"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def stack_env(stack: dict[str, str]) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSTORE_")}
+    env.update({f"DRAFTSTORE_{k.upper()}": v for k, v in stack.items()})
+    return env
+
+
+@dataclass
+class Service:
+    url: str
+    proc: subprocess.Popen[bytes]
+    store: Store
+    admin: str | None = None
+    clients: list[httpx.Client] = field(default_factory=list)
+
+    def client(self, token: str | None = "admin", **kwargs: Any) -> httpx.Client:
+        """An HTTP client; ``token="admin"`` uses the service's admin token, None sends none."""
+        secret = self.admin if token == "admin" else token
+        headers = {"authorization": f"Bearer {secret}"} if secret else {}
+        c = httpx.Client(base_url=self.url, headers=headers, timeout=60, **kwargs)
+        self.clients.append(c)
+        return c
+
+    def token(self, role: str, project_id: str | None = None) -> str:
+        return self.store.tokens.create(role, project_id=project_id)[1]
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        for c in self.clients:
+            c.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+
+
+def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            out = proc.stdout.read().decode(errors="replace") if proc.stdout else ""
+            pytest.fail(f"the service exited ({proc.returncode}) before it was ready:\n{out}")
+        try:
+            if httpx.get(f"{url}/healthz", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail(f"the service at {url} was not ready within {timeout}s")
+
+
+@pytest.fixture
+def service_factory(stack: dict[str, str]) -> Iterator[Callable[..., Service]]:
+    started: list[Service] = []
+    stores: list[Store] = []
+
+    def start(workers: int = 1, env: dict[str, str] | None = None, with_admin: bool = True) -> Service:
+        port = free_port()
+        store = Store.open(**stack, settings=Settings(), migrate=True)
+        stores.append(store)
+        admin = store.tokens.create("admin", name="tests")[1] if with_admin else None
+        cmd = [sys.executable, "-m", "uvicorn", "draftstore.service.app:create_app", "--factory",
+               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning",
+               "--no-access-log"]
+        proc = subprocess.Popen(cmd, env={**stack_env(stack), **(env or {})}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)
+        svc = Service(f"http://127.0.0.1:{port}", proc, store, admin)
+        started.append(svc)
+        _wait_ready(svc.url, proc)
+        return svc
+
+    yield start
+    for svc in reversed(started):
+        svc.stop()
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def service(service_factory: Callable[..., Service]) -> Service:
+    return service_factory()
