@@ -22,7 +22,15 @@ from typing import Any
 
 import pytest
 
-from draftstore.coord import Coordinator, MemoryCoordinator, SqliteCoordinator, locked, open_coordinator
+from draftstore.coord import (
+    LEGACY_EPOCH,
+    Coordinator,
+    MemoryCoordinator,
+    SqliteCoordinator,
+    Tail,
+    locked,
+    open_coordinator,
+)
 from draftstore.coord.redis import RedisCoordinator
 from draftstore.errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
 
@@ -255,6 +263,118 @@ def test_a_trimmed_stream_starts_afresh_without_the_old_expiry(coordinator: Coor
     assert [e.id for e in coordinator.read("turn:t10")] == [1]
 
 
+# -- stream epochs and tail (SSE replay must notice a buffer that restarted or lost events) -------
+ABSENT = Tail(None, [], 0, 0)
+
+
+def test_a_new_stream_has_an_epoch_and_its_id_range(coordinator: Coordinator) -> None:
+    assert coordinator.tail("turn:e1") == ABSENT
+    coordinator.append("turn:e1", "turn.started")
+    first = coordinator.tail("turn:e1")
+    assert isinstance(first.epoch, str) and first.epoch not in ("", LEGACY_EPOCH)
+    assert (first.first_id, first.last_id) == (1, 1)
+    coordinator.append_many([("turn:e1", "token", {"i": i}) for i in range(2)])
+    tail = coordinator.tail("turn:e1")
+    assert (tail.epoch, tail.first_id, tail.last_id) == (first.epoch, 1, 3)
+    assert [(e.id, e.type) for e in tail.events] == [(1, "turn.started"), (2, "token"), (3, "token")]
+    assert tail.events[2].data == {"i": 1}
+    assert coordinator.append("turn:e2", "x") == 1
+    assert coordinator.tail("turn:e2").epoch not in (None, first.epoch)  # each stream its own
+
+
+def test_the_epoch_survives_dropping_old_events_and_first_id_moves_up(coordinator: Coordinator) -> None:
+    small = _same_flavour(coordinator, max_events=3)
+    try:
+        small.append("turn:e3", "token", {"i": 0})
+        epoch = small.tail("turn:e3").epoch
+        for i in range(1, 7):
+            small.append("turn:e3", "token", {"i": i})
+            tail = small.tail("turn:e3")
+            assert tail.epoch == epoch
+            assert (tail.first_id, tail.last_id) == (max(1, i - 1), i + 1)
+        # A reader that saw up to 2 missed 3 and 4: first_id (5) > 2 + 1 tells it so.
+        gap = small.tail("turn:e3", after=2)
+        assert (gap.first_id, [e.id for e in gap.events]) == (5, [5, 6, 7])
+        assert [e.data["i"] for e in small.tail("turn:e3", after=5).events] == [5, 6]
+    finally:
+        small.close()
+
+
+def test_a_trimmed_stream_comes_back_with_a_new_epoch_and_ids_from_one(coordinator: Coordinator) -> None:
+    for _ in range(3):
+        coordinator.append("turn:e4", "token")
+    before = coordinator.tail("turn:e4").epoch
+    coordinator.trim("turn:e4")
+    assert coordinator.tail("turn:e4") == ABSENT
+    assert coordinator.append("turn:e4", "token") == 1
+    after = coordinator.tail("turn:e4")
+    assert after.epoch is not None and after.epoch != before
+    assert (after.first_id, after.last_id, [e.id for e in after.events]) == (1, 1, [1])
+
+
+def test_an_expired_stream_comes_back_with_a_new_epoch_and_ids_from_one(coordinator: Coordinator) -> None:
+    coordinator.append("turn:e5", "token")
+    coordinator.append("turn:e5", "turn.ended")
+    coordinator.expire("turn:e5", ttl_s=0.3)
+    before = coordinator.tail("turn:e5")
+    assert before.epoch is not None and before.last_id == 2  # whole until the ttl passes
+    time.sleep(0.5)
+    assert coordinator.tail("turn:e5") == ABSENT
+    assert coordinator.append("turn:e5", "turn.started") == 1
+    after = coordinator.tail("turn:e5")
+    assert after.epoch is not None and after.epoch != before.epoch
+    assert (after.first_id, after.last_id) == (1, 1)
+
+
+def test_tail_returns_events_after_a_point_with_the_whole_range(coordinator: Coordinator) -> None:
+    for i in range(10):
+        coordinator.append("turn:e6", "token", {"i": i})
+    epoch = coordinator.tail("turn:e6").epoch
+
+    def seen(after: int, limit: int = 1000) -> tuple[Any, ...]:
+        t = coordinator.tail("turn:e6", after=after, limit=limit)
+        return t.epoch, t.first_id, t.last_id, [e.id for e in t.events]
+
+    assert seen(6) == (epoch, 1, 10, [7, 8, 9, 10])
+    assert seen(2, limit=3) == (epoch, 1, 10, [3, 4, 5])
+    assert seen(10) == (epoch, 1, 10, [])
+    assert seen(0, limit=0) == (epoch, 1, 10, [])  # just the epoch and range
+    assert seen(-5, limit=2) == (epoch, 1, 10, [1, 2])
+    assert [e.data["i"] for e in coordinator.tail("turn:e6", after=8).events] == [8, 9]
+    assert coordinator.tail("turn:never-written", after=3, limit=5) == ABSENT
+
+
+def test_tail_is_one_snapshot_while_appenders_run(coordinator: Coordinator) -> None:
+    small = _same_flavour(coordinator, max_events=5)
+    stop = threading.Event()
+    try:
+        small.append("turn:e7", "token")
+        epoch = small.tail("turn:e7").epoch
+
+        def appender(_: int) -> None:
+            while not stop.is_set():
+                small.append_many([("turn:e7", "token", None)] * 3)
+
+        def reader(_: int) -> None:
+            try:
+                for _ in range(200):
+                    t = small.tail("turn:e7")
+                    # A torn read (range from one state, events from another) breaks one of these.
+                    assert t.epoch == epoch
+                    assert t.last_id - t.first_id + 1 == min(t.last_id, 5)
+                    assert [e.id for e in t.events] == list(range(t.first_id, t.last_id + 1))
+            finally:
+                stop.set()
+
+        assert _run_threads(3, lambda i: (appender if i else reader)(i)) == []
+    finally:
+        small.close()
+
+
+def test_ping_answers_when_the_backend_is_usable(coordinator: Coordinator) -> None:
+    assert coordinator.ping() is None
+
+
 # -- heartbeats ----------------------------------------------------------------------------------
 def test_a_heartbeat_is_alive_until_its_ttl_passes(coordinator: Coordinator) -> None:
     assert not coordinator.alive("turn:t7")
@@ -293,6 +413,8 @@ def test_an_unreachable_redis_is_a_typed_backend_unavailable() -> None:
         lambda: coord.append("s", "x"),
         lambda: coord.acquire("l", timeout_s=0),
         lambda: coord.alive("k"),
+        lambda: coord.tail("s"),
+        coord.ping,
     ):
         with pytest.raises(BackendUnavailable) as info:
             attempt()
@@ -332,6 +454,74 @@ def test_each_prefix_is_its_own_namespace(real_redis) -> None:  # type: ignore[n
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.real
+def test_a_stream_lost_from_redis_comes_back_with_a_new_epoch(real_redis) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    coord = RedisCoordinator.from_url(real_redis.url("lost"))
+    raw = redis.Redis.from_url(real_redis.base_url)
+    try:
+        for _ in range(3):
+            coord.append("turn:x", "token")
+        before = coord.tail("turn:x").epoch
+        # What a FLUSHALL or a restart without persistence does to this namespace
+        # (never flush the shared server: delete only this test's own keys).
+        keys = list(raw.scan_iter(match=f"{coord.prefix}:*"))
+        assert {k.decode() for k in keys} == {f"{coord.prefix}:events:turn:x", f"{coord.prefix}:epoch:turn:x"}
+        raw.delete(*keys)
+        assert coord.tail("turn:x") == ABSENT
+        assert coord.append("turn:x", "token") == 1
+        after = coord.tail("turn:x")
+        assert after.epoch is not None and after.epoch != before
+        assert (after.first_id, after.last_id) == (1, 1)
+    finally:
+        coord.close()
+        raw.close()
+
+
+@pytest.mark.real
+def test_redis_epoch_keys_follow_their_stream(real_redis) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    coord = RedisCoordinator.from_url(real_redis.url("epoch-keys"))
+    raw = redis.Redis.from_url(real_redis.base_url, decode_responses=True)
+    events, epoch = (f"{coord.prefix}:{kind}:turn:y" for kind in ("events", "epoch"))
+    try:
+        coord.append("turn:y", "token")
+        assert raw.get(epoch) == coord.tail("turn:y").epoch
+        coord.expire("turn:y", ttl_s=60)  # both keys go together
+        # Absolute deadlines (Redis 7): two PTTLs are read at different moments.
+        # The epoch key never goes first, or the stream would read as "legacy".
+        assert 0 < raw.pexpiretime(events) <= raw.pexpiretime(epoch) <= raw.pexpiretime(events) + 50
+        assert 59_000 < raw.pttl(epoch) <= 60_000
+        coord.trim("turn:y")
+        assert raw.exists(events, epoch) == 0
+
+        # Only the events key lost (evicted, say): the leftover epoch key is not
+        # reported, and the stream created next replaces it (and its ttl).
+        coord.append("turn:y", "token")
+        coord.expire("turn:y", ttl_s=60)
+        old = coord.tail("turn:y").epoch
+        raw.delete(events)
+        assert coord.tail("turn:y") == ABSENT
+        coord.append("turn:y", "token")
+        assert coord.tail("turn:y").epoch not in (None, old)
+        assert raw.pttl(epoch) == -1
+
+        # Events but no epoch key: written by a release before epochs. It stays
+        # "legacy" while it lives; recreated, it gets a real epoch.
+        raw.delete(epoch)
+        assert coord.tail("turn:y").epoch == LEGACY_EPOCH
+        assert coord.append("turn:y", "token") == 2
+        assert coord.tail("turn:y") == Tail(LEGACY_EPOCH, coord.read("turn:y"), 1, 2)
+        coord.trim("turn:y")
+        coord.append("turn:y", "token")
+        assert coord.tail("turn:y").epoch not in (None, LEGACY_EPOCH)
+    finally:
+        coord.close()
+        raw.close()
 
 
 # -- SQLite specifics: one file shared by every Store and process on the same data -------------------
@@ -555,11 +745,84 @@ def test_an_unusable_coordinator_file_is_a_typed_backend_error(tmp_path: Path) -
     assert err.value.code.startswith("backend.") and isinstance(err.value.__cause__, sqlite3.Error)
 
 
+# The schema of version 1, as the first release wrote it (do not update this with the code).
+_SCHEMA_V1 = """
+CREATE TABLE locks (name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL);
+CREATE TABLE streams (stream TEXT PRIMARY KEY, last_id INTEGER NOT NULL, expires_at REAL);
+CREATE TABLE events (stream TEXT NOT NULL, id INTEGER NOT NULL, type TEXT NOT NULL, data TEXT NOT NULL,
+                     PRIMARY KEY (stream, id));
+CREATE TABLE beats (key TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+CREATE INDEX streams_expiry ON streams (expires_at) WHERE expires_at IS NOT NULL;
+CREATE INDEX beats_expiry ON beats (expires_at);
+CREATE INDEX locks_expiry ON locks (expires_at);
+PRAGMA user_version = 1;
+"""
+
+
+def test_a_version_1_file_is_upgraded_in_place_and_its_streams_are_legacy(tmp_path: Path) -> None:
+    path = tmp_path / "coord.db"
+    with sqlite3.connect(path) as raw:
+        raw.executescript(_SCHEMA_V1)
+        raw.execute("INSERT INTO streams VALUES ('turn:old', 2, NULL)")
+        raw.executemany("INSERT INTO events VALUES ('turn:old', ?, 'token', ?)", [(1, '{"i":0}'), (2, '{"i":1}')])
+        raw.execute("INSERT INTO beats VALUES ('turn:old', ?)", (time.time() + 60,))
+    raw.close()
+
+    coord = SqliteCoordinator(path)
+    try:
+        with sqlite3.connect(path) as raw:
+            assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+            assert raw.execute("SELECT epoch FROM streams").fetchall() == [(LEGACY_EPOCH,)]
+        raw.close()
+        old = coord.tail("turn:old")
+        assert (old.epoch, old.first_id, old.last_id) == (LEGACY_EPOCH, 1, 2)
+        assert [e.data for e in old.events] == [{"i": 0}, {"i": 1}]
+        assert coord.alive("turn:old")  # nothing else was lost on the way
+        assert coord.append("turn:old", "token") == 3
+        assert coord.tail("turn:old").epoch == LEGACY_EPOCH  # for as long as it lives
+        coord.trim("turn:old")
+        coord.append("turn:old", "token")
+        assert coord.tail("turn:old").epoch not in (None, LEGACY_EPOCH)
+        coord.append("turn:new", "token")
+        new = coord.tail("turn:new").epoch
+        assert new not in (None, LEGACY_EPOCH)
+    finally:
+        coord.close()
+    # Opening again changes nothing: the upgrade ran once.
+    again = SqliteCoordinator(path)
+    try:
+        assert again.tail("turn:new").epoch == new
+    finally:
+        again.close()
+
+
+def test_a_version_1_and_a_new_file_end_up_with_the_same_schema(tmp_path: Path) -> None:
+    with sqlite3.connect(tmp_path / "old.db") as raw:
+        raw.executescript(_SCHEMA_V1)
+    raw.close()
+    SqliteCoordinator(tmp_path / "old.db").close()
+    SqliteCoordinator(tmp_path / "new.db").close()
+
+    def columns(name: str) -> list[Any]:
+        with sqlite3.connect(tmp_path / name) as raw:
+            return [raw.execute(f"PRAGMA table_xinfo({t})").fetchall() for t in ("locks", "streams", "events", "beats")]
+
+    assert columns("old.db") == columns("new.db")
+
+
+def test_a_closed_sqlite_coordinator_fails_its_ping(tmp_path: Path) -> None:
+    coord = SqliteCoordinator(tmp_path / "coord.db")
+    coord.ping()
+    coord.close()
+    with pytest.raises(BackendUnavailable):
+        coord.ping()
+
+
 def test_a_coordinator_file_from_a_newer_release_is_refused_not_misread(tmp_path: Path) -> None:
     path = tmp_path / "coord.db"
     SqliteCoordinator(path).close()
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 1
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
         raw.execute("PRAGMA user_version = 99")
     raw.close()
     with pytest.raises(BackendError, match="v99"):

@@ -12,11 +12,21 @@ from __future__ import annotations
 from urllib.parse import urlsplit
 
 from ..errors import ConfigInvalid
-from .base import Coordinator, Event, Lock, locked
+from .base import LEGACY_EPOCH, Coordinator, Event, Lock, Tail, locked
 from .memory import MemoryCoordinator
 from .sqlite import SqliteCoordinator
 
-__all__ = ["Coordinator", "Event", "Lock", "locked", "MemoryCoordinator", "SqliteCoordinator", "open_coordinator"]
+__all__ = [
+    "LEGACY_EPOCH",
+    "Coordinator",
+    "Event",
+    "Lock",
+    "Tail",
+    "locked",
+    "MemoryCoordinator",
+    "SqliteCoordinator",
+    "open_coordinator",
+]
 
 
 def open_coordinator(url: str) -> Coordinator:

@@ -7,12 +7,19 @@ database; a missing heartbeat only means "presumed dead".
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-__all__ = ["Coordinator", "Event", "Lock"]
+__all__ = ["LEGACY_EPOCH", "Coordinator", "Event", "Lock", "Tail", "new_epoch"]
+
+# The epoch of a stream created by a release that knew no epochs (read from an
+# upgraded SQLite file, or a Redis stream without its epoch key). Not random:
+# it is only as trustworthy as the assumption that no such release still
+# appends, and a stream recreated by this release never gets it.
+LEGACY_EPOCH = "legacy"
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,37 @@ class Event:
     id: int
     type: str
     data: dict[str, Any] = field(default_factory=dict)
+
+
+def new_epoch() -> str:
+    """A fresh epoch token for a stream being created: 64 random bits, so two
+    incarnations of one stream never share one in practice."""
+    return secrets.token_hex(8)
+
+
+@dataclass(frozen=True)
+class Tail:
+    """One atomic snapshot of a stream: its epoch, id range and events after a point.
+
+    - ``epoch``: token given to the stream when it was created; None if the
+      stream does not exist (never written, trimmed, expired or lost). Stable
+      while the stream exists (also across dropping old events); a stream
+      created again gets a different one, and its ids restart at 1.
+    - ``events``: buffered events with id > ``after``, oldest first, at most ``limit``.
+    - ``first_id`` / ``last_id``: oldest and newest id still buffered (0 if none).
+
+    A reader that saw ids up to ``n`` in epoch ``e`` can trust ``events`` as
+    the exact continuation only if ``epoch == e`` and ``n >= first_id - 1``:
+    a different epoch means the ids now name other events, a smaller ``n``
+    means events it never saw were dropped. Either way it must rebuild what it
+    needs from the database. ``n > last_id`` in the same epoch cannot come from
+    this stream: treat it as a mismatch too.
+    """
+
+    epoch: str | None
+    events: list[Event]
+    first_id: int
+    last_id: int
 
 
 @runtime_checkable
@@ -50,7 +88,16 @@ class Coordinator(Protocol):
       ``expire`` keeps the expiry; once dropped, a stream reads as empty and its
       ids start again at 1. Expiring an absent stream is a no-op. (For streams
       of ended turns, which must not accumulate one per turn forever.)
+    - ``tail(stream, after=0, limit)`` returns a ``Tail``: the stream's epoch,
+      its buffered id range and the events with id > after, all from one
+      atomic snapshot. The first append to a stream that does not exist
+      (never written, trimmed, expired or lost) creates it with a new epoch,
+      atomically with its event 1; dropping old events (``max_events``) keeps
+      it. SSE replay compares epochs to tell "after n" in this stream from
+      "after n" in an earlier one (see ``Tail``).
     - ``beat(key, ttl_s)`` marks key alive for ttl_s; ``alive(key)`` tells.
+    - ``ping()`` returns if the backend can be used, else raises
+      ``backend.unavailable`` (a health check; the in-process one never raises).
     """
 
     url: str
@@ -63,6 +110,8 @@ class Coordinator(Protocol):
 
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]: ...
 
+    def tail(self, stream: str, after: int = 0, limit: int = 1000) -> Tail: ...
+
     def trim(self, stream: str) -> None: ...
 
     def expire(self, stream: str, ttl_s: float) -> None: ...
@@ -72,6 +121,8 @@ class Coordinator(Protocol):
     def alive(self, key: str) -> bool: ...
 
     def forget(self, key: str) -> None: ...
+
+    def ping(self) -> None: ...
 
     def close(self) -> None: ...
 

@@ -15,14 +15,20 @@ import time
 from collections import deque
 from dataclasses import dataclass
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
-from ..errors import LockTimeout
-from .base import Event
+from ..errors import ConfigInvalid, LockTimeout
+from .base import Event, Tail, new_epoch
 
 __all__ = ["MemoryCoordinator"]
 
 PURGE_BATCH = 8  # expired streams deleted per append: bounds an append's cost
+
+
+class _Stream(NamedTuple):
+    last_id: int  # the counter: survives the deque dropping old events
+    epoch: str  # given at creation, kept until the stream is dropped
+    events: deque[Event]
 
 
 @dataclass
@@ -41,17 +47,20 @@ class MemoryCoordinator:
     Same guarantees as the other backends, within one instance: one lock owner
     at a time, freed after its ttl, released only by its owner; event ids 1, 2,
     3, ... per stream without gaps or duplicates; newest ``max_events`` kept;
-    ``expire`` drops a stream after its ttl; heartbeats live for their ttl.
-    Thread-safe (one condition variable guards everything).
+    a new epoch per stream creation; ``expire`` drops a stream after its ttl;
+    heartbeats live for their ttl. Thread-safe (one condition variable guards
+    everything, so ``tail`` is a consistent snapshot).
     """
 
     def __init__(self, max_events: int = 10_000) -> None:
+        if max_events < 1:  # the newest event must survive: it carries the stream's counter
+            raise ConfigInvalid("max_events must be at least 1", max_events=max_events)
         self.url = "memory://"
         self.max_events = max_events
         self._cv = threading.Condition()
         self._locks: dict[str, tuple[int, float]] = {}
         self._tokens = itertools.count(1)
-        self._streams: dict[str, tuple[int, deque[Event]]] = {}
+        self._streams: dict[str, _Stream] = {}
         self._deadlines: dict[str, float] = {}  # stream -> when expire() drops it
         # (deadline, stream), soonest first, for the opportunistic purge. An
         # entry whose deadline no longer matches _deadlines is stale: skipped.
@@ -89,10 +98,12 @@ class MemoryCoordinator:
             now = time.monotonic()
             self._purge_expired(now)
             self._drop_if_expired(stream, now)
-            last, buf = self._streams.get(stream, (0, deque(maxlen=self.max_events)))
-            event = Event(last + 1, type, dict(data or {}))
-            buf.append(event)
-            self._streams[stream] = (event.id, buf)
+            current = self._streams.get(stream)
+            if current is None:  # created (again): a new epoch tells readers its ids restart
+                current = _Stream(0, new_epoch(), deque(maxlen=self.max_events))
+            event = Event(current.last_id + 1, type, dict(data or {}))
+            current.events.append(event)
+            self._streams[stream] = current._replace(last_id=event.id)
             self._cv.notify_all()
             return event.id
 
@@ -103,8 +114,27 @@ class MemoryCoordinator:
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
         with self._cv:
             self._drop_if_expired(stream, time.monotonic())
-            _, buf = self._streams.get(stream, (0, deque()))
-            return [e for e in buf if e.id > after][:limit]
+            current = self._streams.get(stream)
+            return [] if current is None else self._after(current.events, after, limit)
+
+    def tail(self, stream: str, after: int = 0, limit: int = 1000) -> Tail:
+        """Epoch, buffered id range and events with id > ``after`` (at most ``limit``),
+        read under the lock: one consistent snapshot."""
+        with self._cv:
+            self._drop_if_expired(stream, time.monotonic())
+            current = self._streams.get(stream)
+            if current is None:
+                return Tail(None, [], 0, 0)
+            buf = current.events  # never empty: max_events >= 1 keeps the newest
+            return Tail(current.epoch, self._after(buf, after, limit), buf[0].id, buf[-1].id)
+
+    @staticmethod
+    def _after(buf: deque[Event], after: int, limit: int) -> list[Event]:
+        # Buffered ids are contiguous (first, first + 1, ...): skip by position.
+        if not buf or limit <= 0:
+            return []
+        start = max(0, int(after) + 1 - buf[0].id)
+        return list(itertools.islice(buf, start, start + limit))
 
     def trim(self, stream: str) -> None:
         with self._cv:
@@ -147,6 +177,9 @@ class MemoryCoordinator:
     def forget(self, key: str) -> None:
         with self._cv:
             self._beats.pop(key, None)
+
+    def ping(self) -> None:
+        """Always usable: it lives in this process."""
 
     def close(self) -> None:
         pass

@@ -10,7 +10,13 @@ Key layout (``p`` = prefix)::
 
     p:lock:<name>     string  owner token, PX = lock ttl      (SET NX PX)
     p:events:<stream> stream  entries with ids "<n>-0", n = 1, 2, 3, ...; PX set by expire()
+    p:epoch:<stream>  string  the stream's epoch, SET with entry 1; PX set by expire() too
     p:beat:<key>      string  "1", PX = heartbeat ttl
+
+The events key is the stream: an epoch key without it is a leftover (the next
+append replaces it), events without an epoch key were appended by a release
+that knew no epochs (epoch ``"legacy"``). Both keys of a stream are written
+together by one script or MULTI, so they need one server (no Redis Cluster).
 
 Redis connection errors and timeouts become ``BackendUnavailable``
 [backend.unavailable]; any other Redis error becomes ``BackendError``
@@ -34,7 +40,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
-from .base import Event
+from .base import LEGACY_EPOCH, Event, Tail, new_epoch
 
 __all__ = ["RedisCoordinator", "RedisLock"]
 
@@ -57,15 +63,38 @@ return 0
 # script so concurrent appenders get unique, gap-free ids. The stream's last
 # entry survives MAXLEN trimming (max_events >= 1), so numbering never restarts
 # while the stream exists; trim() deletes it, and numbering starts again at 1,
-# as in the in-process coordinator.
+# as in the in-process coordinator. Entry 1 creates the stream, so it sets the
+# epoch (ARGV[4]) in the same script: a reader never sees one without the
+# other. SET overwrites a leftover epoch key and drops its TTL, as the new
+# stream has none. Later appends leave the epoch key alone: a stream without
+# one stays "legacy" until it is dropped.
 _APPEND = """
 local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
 local n = 1
 if #last > 0 then
   n = tonumber(string.match(last[1][1], '^(%d+)')) + 1
+else
+  redis.call('SET', KEYS[2], ARGV[4])
 end
 redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], n .. '-0', 't', ARGV[2], 'd', ARGV[3])
 return n
+"""
+
+# One snapshot: a script runs alone and sees one frozen clock, so the stream
+# cannot expire half-way (within MULTI the clock may move on older servers). No
+# entries, no stream: a leftover epoch key is not looked at. Returns
+# {epoch or nil, first id, last id, entries after ARGV[1]}.
+_TAIL = """
+local last = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)
+if #last == 0 then
+  return false
+end
+local first = redis.call('XRANGE', KEYS[1], '-', '+', 'COUNT', 1)
+local entries = {}
+if tonumber(ARGV[2]) > 0 then
+  entries = redis.call('XRANGE', KEYS[1], ARGV[1], '+', 'COUNT', ARGV[2])
+end
+return {redis.call('GET', KEYS[2]), first[1][1], last[1][1], entries}
 """
 
 
@@ -98,6 +127,19 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _id(entry_id: Any) -> int:
+    return int(_text(entry_id).split("-", 1)[0])
+
+
+def _event(entry: Any) -> Event:
+    """A stream entry ``("<n>-0", fields)`` as an Event. ``fields`` is a dict from
+    XRANGE, or a flat ``[k, v, ...]`` list when it comes through a script."""
+    entry_id, fields = entry
+    pairs = fields.items() if isinstance(fields, dict) else zip(fields[::2], fields[1::2])
+    f = {_text(k): _text(v) for k, v in pairs}
+    return Event(_id(entry_id), f.get("t", ""), json.loads(f.get("d", "{}")))
+
+
 @dataclass
 class RedisLock:
     """A held lock; ``token`` proves ownership."""
@@ -118,8 +160,9 @@ class RedisCoordinator:
     after its ttl; only the token that took it can release it. Event ids are
     1, 2, 3, ... per stream, assigned atomically (no duplicates or gaps under
     concurrent appenders, across processes); the newest ``max_events`` are
-    kept. A heartbeat is alive until its ttl passes. Thread-safe (redis-py
-    pools connections).
+    kept. A stream gets a new epoch atomically with its entry 1 and keeps it
+    until dropped; ``tail`` reads one snapshot (a script). A heartbeat is
+    alive until its ttl passes. Thread-safe (redis-py pools connections).
     """
 
     def __init__(
@@ -139,6 +182,7 @@ class RedisCoordinator:
         self.url = url
         self._release_script = client.register_script(_RELEASE)
         self._append_script = client.register_script(_APPEND)
+        self._tail_script = client.register_script(_TAIL)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "RedisCoordinator":
@@ -176,9 +220,13 @@ class RedisCoordinator:
     def _key(self, kind: str, name: str) -> str:
         return f"{self.prefix}:{kind}:{name}"
 
+    def _stream_keys(self, stream: str) -> list[str]:
+        """The events key first (it is the stream), then the epoch key."""
+        return [self._key("events", stream), self._key("epoch", stream)]
+
     @_mapped("ping")
     def ping(self) -> None:
-        """Raise ``backend.unavailable`` unless the server answers."""
+        """Raise ``backend.unavailable`` unless the server answers PING."""
         self._r.ping()
 
     # -- locks ---------------------------------------------------------------------
@@ -219,9 +267,8 @@ class RedisCoordinator:
     def append(self, stream: str, type: str, data: dict[str, Any] | None = None) -> int:
         """Append an event; returns its id (1, 2, 3, ... per stream). Atomic."""
         payload = json.dumps(data or {}, separators=(",", ":"), ensure_ascii=False)
-        return int(
-            self._append_script(keys=[self._key("events", stream)], args=[self.max_events, type, payload])
-        )
+        args = [self.max_events, type, payload, new_epoch()]  # the epoch is used only if this creates the stream
+        return int(self._append_script(keys=self._stream_keys(stream), args=args))
 
     @_mapped("event append")
     def append_many(self, events: Sequence[tuple[str, str, dict[str, Any] | None]]) -> list[int]:
@@ -231,7 +278,8 @@ class RedisCoordinator:
         pipe = self._r.pipeline(transaction=False)
         for stream, type, data in events:
             payload = json.dumps(data or {}, separators=(",", ":"), ensure_ascii=False)
-            self._append_script(keys=[self._key("events", stream)], args=[self.max_events, type, payload], client=pipe)
+            args = [self.max_events, type, payload, new_epoch()]
+            self._append_script(keys=self._stream_keys(stream), args=args, client=pipe)
         return [int(n) for n in pipe.execute()]
 
     @_mapped("event read")
@@ -241,25 +289,38 @@ class RedisCoordinator:
             return []
         start = f"{max(0, int(after)) + 1}-0"
         entries = self._r.xrange(self._key("events", stream), min=start, max="+", count=limit)
-        events = []
-        for entry_id, fields in entries:
-            n = int(_text(entry_id).split("-", 1)[0])
-            f = {_text(k): _text(v) for k, v in fields.items()}
-            events.append(Event(n, f.get("t", ""), json.loads(f.get("d", "{}"))))
-        return events
+        return [_event(entry) for entry in entries]
+
+    @_mapped("event tail")
+    def tail(self, stream: str, after: int = 0, limit: int = 1000) -> Tail:
+        """Epoch, buffered id range and events with id > ``after`` (at most
+        ``limit``), read by one script; ``Tail(None, [], 0, 0)`` if absent."""
+        start = f"{max(0, int(after)) + 1}-0"
+        reply = self._tail_script(keys=self._stream_keys(stream), args=[start, max(0, int(limit))])
+        if not reply:
+            return Tail(None, [], 0, 0)
+        epoch, first_id, last_id, entries = reply
+        epoch_text = LEGACY_EPOCH if epoch is None else _text(epoch)
+        return Tail(epoch_text, [_event(entry) for entry in entries], _id(first_id), _id(last_id))
 
     @_mapped("event trim")
     def trim(self, stream: str) -> None:
-        """Drop a stream's buffer (its ids start again at 1)."""
-        self._r.delete(self._key("events", stream))
+        """Drop a stream's buffer and epoch (its ids start again at 1)."""
+        self._r.delete(*self._stream_keys(stream))
 
     @_mapped("event expire")
     def expire(self, stream: str, ttl_s: float) -> None:
         """Delete the stream ``ttl_s`` from now (replacing an earlier expiry); no-op if absent.
 
-        PEXPIRE: XADD keeps a key's TTL, so later appends do not cancel it.
+        PEXPIRE: XADD keeps a key's TTL, so later appends do not cancel it. One
+        MULTI, events key first: the epoch key never expires before its events
+        (a stream without its epoch would read as "legacy"); outliving them by
+        a millisecond is harmless, as a stream without events is absent.
         """
-        self._r.pexpire(self._key("events", stream), _ms(ttl_s))
+        pipe = self._r.pipeline(transaction=True)
+        for key in self._stream_keys(stream):
+            pipe.pexpire(key, _ms(ttl_s))
+        pipe.execute()
 
     # -- heartbeats ---------------------------------------------------------------------
     @_mapped("heartbeat")

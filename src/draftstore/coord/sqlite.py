@@ -9,10 +9,16 @@ every process must agree on them, and a monotonic clock is per process.
 
 Table layout (``PRAGMA user_version`` = schema version, so it can evolve)::
 
-    locks   (name PK, token, expires_at)          one row per held lock
-    streams (stream PK, last_id, expires_at?)     id counter; expiry set by expire()
-    events  (stream, id, type, data JSON)         PK (stream, id); newest max_events kept
-    beats   (key PK, expires_at)                  one row per heartbeat
+    locks   (name PK, token, expires_at)              one row per held lock
+    streams (stream PK, last_id, expires_at?, epoch)  id counter, epoch set at creation; expiry set by expire()
+    events  (stream, id, type, data JSON)             PK (stream, id); newest max_events kept
+    beats   (key PK, expires_at)                      one row per heartbeat
+
+Opening a file upgrades it in place, in one transaction (v1 -> v2 added
+``streams.epoch``; streams created before read ``"legacy"``), and refuses a
+file written by a newer release. A process of a v1 release still running on
+an upgraded file fails its appends (its INSERT no longer fits ``streams``):
+restart it, rather than let it create streams without an epoch.
 
 Every write runs in ``BEGIN IMMEDIATE``: SQLite's one writer lock serialises
 the writers of all processes (they queue up to the busy timeout), which makes
@@ -39,28 +45,41 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
-from .base import Event
+from .base import LEGACY_EPOCH, Event, Tail, new_epoch
 
 __all__ = ["SqliteCoordinator", "SqliteLock"]
 
 DEFAULT_MAX_EVENTS = 10_000
-SCHEMA_VERSION = 1
 BUSY_TIMEOUT_S = 5.0  # how long a writer queues for the file's write lock
 POOL_SIZE = 8  # idle connections kept for reuse; busier moments open (and close) more
 PURGE_BATCH = 8  # expired rows of each kind deleted per append: bounds an append's cost
 
-_SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL)",
-    "CREATE TABLE IF NOT EXISTS streams (stream TEXT PRIMARY KEY, last_id INTEGER NOT NULL, expires_at REAL)",
-    # A rowid table, not WITHOUT ROWID: event payloads can be kilobytes.
-    "CREATE TABLE IF NOT EXISTS events (stream TEXT NOT NULL, id INTEGER NOT NULL,"
-    " type TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (stream, id))",
-    "CREATE TABLE IF NOT EXISTS beats (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
-    "CREATE INDEX IF NOT EXISTS streams_expiry ON streams (expires_at) WHERE expires_at IS NOT NULL",
-    "CREATE INDEX IF NOT EXISTS beats_expiry ON beats (expires_at)",
-    "CREATE INDEX IF NOT EXISTS locks_expiry ON locks (expires_at)",
+# _MIGRATIONS[v] takes a file from schema version v to v + 1. A new file runs
+# them all, so new and upgraded files have the same shape. Never edit a step
+# that has shipped: add one.
+_MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # v1: the first release
+        "CREATE TABLE IF NOT EXISTS locks (name TEXT PRIMARY KEY, token TEXT NOT NULL, expires_at REAL NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS streams (stream TEXT PRIMARY KEY, last_id INTEGER NOT NULL, expires_at REAL)",
+        # A rowid table, not WITHOUT ROWID: event payloads can be kilobytes.
+        "CREATE TABLE IF NOT EXISTS events (stream TEXT NOT NULL, id INTEGER NOT NULL,"
+        " type TEXT NOT NULL, data TEXT NOT NULL, PRIMARY KEY (stream, id))",
+        "CREATE TABLE IF NOT EXISTS beats (key TEXT PRIMARY KEY, expires_at REAL NOT NULL)",
+        "CREATE INDEX IF NOT EXISTS streams_expiry ON streams (expires_at) WHERE expires_at IS NOT NULL",
+        "CREATE INDEX IF NOT EXISTS beats_expiry ON beats (expires_at)",
+        "CREATE INDEX IF NOT EXISTS locks_expiry ON locks (expires_at)",
+    ),
+    (  # v2: stream epochs. The default marks the streams that exist now, made
+        # without one, as "legacy" (no table rewrite); every insert names its epoch.
+        f"ALTER TABLE streams ADD COLUMN epoch TEXT NOT NULL DEFAULT '{LEGACY_EPOCH}'",
+    ),
 )
-_NEXT_ID = "INSERT INTO streams VALUES (?, 1, NULL) ON CONFLICT (stream) DO UPDATE SET last_id = last_id + 1"
+SCHEMA_VERSION = len(_MIGRATIONS)
+# The epoch is written only when the row is created: an increment keeps it.
+_NEXT_ID = (
+    "INSERT INTO streams (stream, last_id, expires_at, epoch) VALUES (?, 1, NULL, ?)"
+    " ON CONFLICT (stream) DO UPDATE SET last_id = last_id + 1"
+)
 
 
 def _backend_error(exc: sqlite3.Error, op: str, url: str) -> BackendError:
@@ -107,9 +126,11 @@ class SqliteCoordinator:
     with no duplicates or gaps under concurrent appenders; the newest
     ``max_events`` are kept. ``expire(stream, ttl_s)`` deletes a stream ttl_s
     from now (appending does not cancel it). A heartbeat is alive until its
-    ttl passes. TTLs follow the wall clock: a clock step shortens or stretches
-    them, acceptable as nothing here is truth. Thread-safe (a small pool of
-    connections, each used by one thread at a time).
+    ttl passes. A stream gets a new epoch in the transaction that creates it,
+    and keeps it until deleted; ``tail`` reads one snapshot. TTLs follow the
+    wall clock: a clock step shortens or stretches them, acceptable as nothing
+    here is truth. Thread-safe (a small pool of connections, each used by one
+    thread at a time).
     """
 
     def __init__(self, path: str | os.PathLike[str], max_events: int = DEFAULT_MAX_EVENTS) -> None:
@@ -135,8 +156,10 @@ class SqliteCoordinator:
                 msg = f"{self.path} has coordinator schema v{version}; this draftstore knows v{SCHEMA_VERSION}"
                 raise BackendError(msg, operation="open")
             if version < SCHEMA_VERSION:
-                for statement in _SCHEMA:
-                    db.execute(statement)
+                # Under BEGIN IMMEDIATE: a concurrent opener waits, then sees the new version.
+                for step in _MIGRATIONS[version:]:
+                    for statement in step:
+                        db.execute(statement)
                 db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
 
     @classmethod
@@ -200,6 +223,19 @@ class SqliteCoordinator:
                 raise
             db.execute("COMMIT")
 
+    @contextmanager
+    def _read(self, op: str) -> Iterator[sqlite3.Connection]:
+        """A read transaction: every statement in it sees the same snapshot (WAL),
+        which autocommit statements do not."""
+        with self._connection(op) as db:
+            db.execute("BEGIN")
+            try:
+                yield db
+            except BaseException:
+                db.rollback()
+                raise
+            db.execute("COMMIT")
+
     # -- locks ---------------------------------------------------------------------
     def acquire(self, name: str, ttl_s: float = 30.0, timeout_s: float = 10.0) -> SqliteLock:
         """Take lock ``name`` for ``ttl_s``, waiting up to ``timeout_s`` (0: try once);
@@ -248,7 +284,7 @@ class SqliteCoordinator:
                 # The counter lives in `streams`, not in max(events.id): trimming
                 # old events must never restart the numbering. Under the write
                 # lock, increment-then-read is atomic across processes.
-                db.execute(_NEXT_ID, (stream,))
+                db.execute(_NEXT_ID, (stream, new_epoch()))
                 n = db.execute("SELECT last_id FROM streams WHERE stream = ?", (stream,)).fetchone()[0]
                 payload = json.dumps(data or {}, separators=(",", ":"), ensure_ascii=False)
                 db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (stream, n, type, payload))
@@ -273,8 +309,27 @@ class SqliteCoordinator:
             _drop_expired(db, time.time(), stream)
         return []
 
+    def tail(self, stream: str, after: int = 0, limit: int = 1000) -> Tail:
+        """Epoch, buffered id range and events with id > ``after`` (at most
+        ``limit``), from one read transaction; ``Tail(None, [], 0, 0)`` if absent."""
+        with self._read("event tail") as db:
+            row = db.execute("SELECT last_id, epoch, expires_at FROM streams WHERE stream = ?", (stream,)).fetchone()
+            if row is not None and (row[2] is None or row[2] > time.time()):
+                last_id, epoch, _ = row
+                first = db.execute("SELECT min(id) FROM events WHERE stream = ?", (stream,)).fetchone()[0]
+                rows = []
+                if limit > 0:
+                    query = "SELECT id, type, data FROM events WHERE stream = ? AND id > ? ORDER BY id LIMIT ?"
+                    rows = db.execute(query, (stream, max(0, int(after)), limit)).fetchall()
+                # last_id is the counter: the newest event always survives trimming, so it is buffered.
+                return Tail(epoch, [Event(n, t, json.loads(d)) for n, t, d in rows], first or 0, last_id)
+        if row is not None:  # expired: absent, and the first reader to notice deletes it
+            with self._write("event tail") as db:
+                _drop_expired(db, time.time(), stream)
+        return Tail(None, [], 0, 0)
+
     def trim(self, stream: str) -> None:
-        """Drop a stream's buffer and any expiry (its ids start again at 1)."""
+        """Drop a stream's buffer, epoch and any expiry (its ids start again at 1)."""
         with self._write("event trim") as db:
             db.execute("DELETE FROM events WHERE stream = ?", (stream,))
             db.execute("DELETE FROM streams WHERE stream = ?", (stream,))
@@ -299,6 +354,11 @@ class SqliteCoordinator:
     def forget(self, key: str) -> None:
         with self._write("heartbeat forget") as db:
             db.execute("DELETE FROM beats WHERE key = ?", (key,))
+
+    def ping(self) -> None:
+        """Raise ``backend.unavailable`` unless the file can be read (also once closed)."""
+        with self._connection("ping") as db:
+            db.execute("PRAGMA user_version").fetchone()  # reads the file's header, unlike SELECT 1
 
     def close(self) -> None:
         """Close every connection; one in use closes when its operation ends. Idempotent."""
