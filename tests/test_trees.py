@@ -7,7 +7,7 @@ import pytest
 from draftstore.blobs import DirectoryBlobStore, ObjectCache
 from draftstore.digest import EMPTY_TREE, digest_of
 from draftstore.errors import IntegrityError
-from draftstore.trees import Entry, TreeReader, decode_tree, encode_tree
+from draftstore.trees import Entry, FileEntry, TreeReader, decode_tree, encode_tree
 
 
 @pytest.fixture
@@ -16,8 +16,8 @@ def trees(tmp_path) -> TreeReader:
     return TreeReader(DirectoryBlobStore(tmp_path, cache=cache), cache)
 
 
-def _file(trees: TreeReader, data: bytes) -> tuple:
-    return trees.blobs.put(data), len(data)
+def _file(trees: TreeReader, data: bytes, executable: bool = False) -> FileEntry:
+    return FileEntry(trees.blobs.put(data), len(data), executable)
 
 
 def test_encoding_is_canonical_and_round_trips() -> None:
@@ -75,3 +75,18 @@ def test_deleting_the_last_file_removes_empty_directories(trees: TreeReader) -> 
     assert count == 1 and trees.lookup(root, "a") is None
     root, count = trees.seal(root, {"z": None})
     assert root == EMPTY_TREE and count == 0
+
+
+def test_an_executable_file_is_its_own_kind_of_entry_and_changes_the_tree_digest(trees):
+    plain, _ = trees.seal(EMPTY_TREE, {"run.sh": _file(trees, b"echo hi\n")})
+    runnable, _ = trees.seal(EMPTY_TREE, {"run.sh": _file(trees, b"echo hi\n", executable=True)})
+    assert plain != runnable
+    entry = trees.lookup(runnable, "run.sh")
+    assert entry.kind == "x" and entry.executable and entry.file().executable
+    assert not trees.lookup(plain, "run.sh").executable
+    assert b"x " in trees.blobs.get(runnable)
+
+
+def test_a_tree_object_with_an_unknown_entry_kind_is_malformed():
+    with pytest.raises(IntegrityError):
+        decode_tree(b"tree 1\nq " + b"0" * 64 + b" 1 name\n")

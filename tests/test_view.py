@@ -58,7 +58,14 @@ def test_search_code_finds_literals_with_context_and_skips_binaries(store: Store
     first = res.matches[0]
     assert first.line_number == 3 and first.line == "# tag-1" and first.before == ("    return 0",)
     assert first.after == ()
-    assert res.binary_files_skipped == 1 and not res.truncated
+    # the version's trigram index knows assets/logo.png is binary: it is never even read
+    assert res.binary_files_skipped == 0 and not res.truncated
+    # a binary written in the draft is read, recognised and skipped
+    t = store.start_turn(pid, "add a binary")
+    store.write_file(t.id, "assets/new.bin", b"\x00\x01tag-1")
+    res = store.view(pid).search_code("tag-1")
+    assert [m.path for m in res.matches] == [f"src/pkg1/mod{j}.py" for j in range(5)]
+    assert res.binary_files_skipped == 1
 
 
 def test_search_code_regex_glob_and_cap(store: Store) -> None:

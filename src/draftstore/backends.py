@@ -2,7 +2,8 @@
 
 One ``Backends`` object is shared by the store's components. It owns the
 relational engine (transactions, one-shot statements, driver-error mapping),
-the blob store with its object cache and tree reader, the coordinator with the
+the blob store with its object cache, the reader of objects stored alone or
+in packs (``objects``) and the tree reader on it, the coordinator with the
 event publisher, and the pool on which uploads overlap transactions.
 
 Error boundary: driver failures become typed errors here, chained with
@@ -31,6 +32,7 @@ from .db.engine import create_db_engine, is_sqlite
 from .db.oneshot import OneShot
 from .digest import EMPTY_TREE
 from .events import EventPublisher
+from .packs import PackedObjects
 from .settings import Limits, Settings
 from .trees import TreeReader
 
@@ -53,7 +55,10 @@ class Backends:
         self.blobs = blobs
         self.coord = coord
         self.cache = cache
-        self.trees = TreeReader(blobs, cache)
+        # reads find objects stored alone or inside packs; ``locate`` is set by the store (see packing)
+        self.locate: Callable[[list[str]], dict[str, tuple[str, int, int]]] = lambda digests: {}
+        self.objects = PackedObjects(blobs, cache, lambda digests: self.locate(digests), settings.pack_cache_bytes)
+        self.trees = TreeReader(self.objects, cache)
         self.sqlite = is_sqlite(engine)
         # single-statement operations run on a pool of autocommit connections: one
         # round trip each, no BEGIN/COMMIT, no per-checkout isolation switching

@@ -41,6 +41,8 @@ class FileDiff:
     new_size: int | None = None
     binary: bool = False
     unified: str | None = None
+    old_executable: bool | None = None
+    new_executable: bool | None = None
 
 
 @dataclass
@@ -86,7 +88,7 @@ class _TreeDiff:
         items = self.trees.walk(e.digest, path + "/") if e.is_dir else [(path, e)]
         for p, f in items:
             before, after = self.changes.get(p, (None, None))
-            value = FileEntry(f.digest, f.size)
+            value = f.file()
             self.changes[p] = (value, after) if old else (before, value)
 
 
@@ -116,10 +118,10 @@ def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = Tr
     renamed: dict[str, str] = {}
     if detect_renames and added and deleted:
         by_digest: dict[str, list[str]] = {}
-        for p, (d, _s) in sorted(deleted.items()):
-            by_digest.setdefault(d, []).append(p)
-        for p, (d, _s) in sorted(added.items()):
-            olds = by_digest.get(d)
+        for p, f in sorted(deleted.items()):
+            by_digest.setdefault(f.digest, []).append(p)
+        for p, f in sorted(added.items()):
+            olds = by_digest.get(f.digest)
             if olds:
                 renamed[p] = olds.pop(0)
     gone = set(renamed.values())
@@ -131,7 +133,9 @@ def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = Tr
         old_path = renamed.get(path)
         if old_path is not None:
             old = changes[old_path][0]
-            files.append(FileDiff(path, "renamed", old_path, old[0], new[0], old[1], new[1]))  # type: ignore[index]
+            assert old is not None and new is not None
+            files.append(FileDiff(path, "renamed", old_path, old.digest, new.digest, old.size, new.size,
+                                  old_executable=old.executable, new_executable=new.executable))
             continue
         status = "added" if old is None else "deleted" if new is None else "modified"
         files.append(_file_diff(trees, path, status, old, new, text))
@@ -145,12 +149,14 @@ def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = Tr
 
 def _file_diff(trees: TreeReader, path: str, status: str, old: FileEntry | None, new: FileEntry | None,
                text: bool) -> FileDiff:
-    base = dict(path=path, status=status, old_digest=old[0] if old else None, new_digest=new[0] if new else None,
-                old_size=old[1] if old else None, new_size=new[1] if new else None)
-    if not text or max(old[1] if old else 0, new[1] if new else 0) > MAX_TEXT_DIFF_BYTES:
+    base = dict(path=path, status=status, old_digest=old.digest if old else None,
+                new_digest=new.digest if new else None, old_size=old.size if old else None,
+                new_size=new.size if new else None, old_executable=old.executable if old else None,
+                new_executable=new.executable if new else None)
+    if not text or max(old.size if old else 0, new.size if new else 0) > MAX_TEXT_DIFF_BYTES:
         return FileDiff(**base)  # type: ignore[arg-type]
-    a = _text(trees.blobs.get(old[0])) if old else ""
-    b = _text(trees.blobs.get(new[0])) if new else ""
+    a = _text(trees.blobs.get(old.digest)) if old else ""
+    b = _text(trees.blobs.get(new.digest)) if new else ""
     if a is None or b is None:
         return FileDiff(**base, binary=True)  # type: ignore[arg-type]
     unified = "".join(difflib.unified_diff(

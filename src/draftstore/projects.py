@@ -20,9 +20,10 @@ from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import H, P, V, utcnow
+from .digest import EMPTY_TREE, Digest
 from .ids import new_id
 from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
-from .sealing import Sealing
+from .packing import Packing
 
 __all__ = ["Projects", "project_record", "version_record"]
 
@@ -47,9 +48,9 @@ def _head_move_record(r: Any) -> HeadMove:
 
 
 class Projects:
-    def __init__(self, b: Backends, sealing: Sealing) -> None:
+    def __init__(self, b: Backends, packing: Packing) -> None:
         self.b = b
-        self.sealing = sealing
+        self.packing = packing
 
     # -- rows, for the other components ------------------------------------------------
     def load(self, conn: Connection, project_id: str, lock: bool = False) -> Any:
@@ -72,9 +73,10 @@ class Projects:
 
     def insert_version(self, conn: Connection, project: Any, *, root: str, file_count: int, characters: Any,
                        world_settings: Any, summary: str, turn_id: str | None, actor: str | None, now: datetime,
-                       reason: HeadMoveReason) -> Version:
+                       reason: HeadMoveReason, packed: bool = False) -> Version:
         """Within the caller's transaction (project row locked): add the next
-        version, make it head, record the head move."""
+        version, make it head, record the head move. ``packed``: its packs exist
+        already (else the background job writes them)."""
         number = (conn.execute(sa.select(sa.func.max(V.c.number)).where(V.c.project_id == project.id))
                   .scalar() or 0) + 1
         vid = new_id()
@@ -82,7 +84,7 @@ class Projects:
                       code_manifest_key=root, file_count=file_count, characters_json=characters,
                       world_settings_json=world_settings, summary=summary, created_by_turn_id=turn_id,
                       created_by=actor, created_at=now)
-        conn.execute(V.insert().values(**values))
+        conn.execute(V.insert().values(**values, packed_at=now if packed else None))
         self.move_head(conn, project.id, project.current_version_id, vid, reason, actor, now, turn_id=turn_id)
         values.update(characters_json=check.as_value(characters), world_settings_json=check.as_value(world_settings))
         return version_record(SimpleNamespace(**values))
@@ -95,7 +97,7 @@ class Projects:
 
     # -- the public operations -------------------------------------------------------------
     def create(self, name: str, files: Mapping[str, bytes | str] | None, characters: Any, world_settings: Any,
-               actor: str | None) -> Project:
+               actor: str | None, executable: Any = ()) -> Project:
         name = check.name("name", name)
         actor = check.actor(actor)
         limits = self.b.limits
@@ -108,7 +110,10 @@ class Projects:
             cleaned = check.batch(files, limits.max_files_per_draft, "files", limits)
             if any(v is None for v in cleaned.values()):
                 raise E.InvalidInput("initial files cannot be deletions (None)", field="files")
-        root, count = self.sealing.seal_files(cleaned)  # type: ignore[arg-type]
+        modes = check.executables(executable, cleaned)
+        # the files go into packs (a few PUTs), not one PUT each
+        root, count = (self.packing.import_tree(cleaned, modes)[:2]  # type: ignore[arg-type]
+                       if cleaned else (EMPTY_TREE, 0))
         now = utcnow()
         pid = new_id()
         with self.b.tx() as conn:
@@ -117,7 +122,7 @@ class Projects:
                 project = self.load(conn, pid, lock=True)
                 self.insert_version(conn, project, root=root, file_count=count, characters=chars,
                                     world_settings=world, summary="initial content", turn_id=None, actor=actor,
-                                    now=now, reason=HeadMoveReason.CREATE)
+                                    now=now, reason=HeadMoveReason.CREATE, packed=True)
             return project_record(self.load(conn, pid))
 
     def fork(self, version_id: str, name: str, actor: str | None) -> Project:
@@ -132,7 +137,7 @@ class Projects:
             self.insert_version(conn, project, root=src.code_manifest_key, file_count=src.file_count,
                                 characters=src.characters_json, world_settings=src.world_settings_json,
                                 summary=f"forked from version {src.id}", turn_id=None, actor=actor, now=now,
-                                reason=HeadMoveReason.CREATE)
+                                reason=HeadMoveReason.CREATE, packed=src.packed_at is not None)
             return project_record(self.load(conn, pid))
 
     def get(self, project_id: str) -> Project:
@@ -159,6 +164,18 @@ class Projects:
             self.load(conn, project_id)
             rows = conn.execute(sa.select(H).where(H.c.project_id == project_id).order_by(H.c.id)).all()
         return [_head_move_record(r) for r in rows]
+
+    def pack_pending(self, limit: int = 10) -> int:
+        """Write the packs of up to ``limit`` versions that have none yet (published
+        since); returns how many versions were packed. Off every request's path."""
+        with self.b.tx(read_only=True) as conn:
+            rows = conn.execute(sa.select(V.c.id, V.c.code_manifest_key).where(V.c.packed_at.is_(None))
+                                .order_by(V.c.created_at).limit(limit)).all()
+        for r in rows:
+            self.packing.write(Digest(r.code_manifest_key))
+            with self.b.tx() as conn:
+                conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
+        return len(rows)
 
     def page(self, cursor: str | None, limit: int | None) -> Page[Project]:
         n = paging.limit(limit)

@@ -33,8 +33,10 @@ log = logging.getLogger("draftstore")
 
 
 class Publishing:
-    def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing, turns: Turns) -> None:
+    def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing, turns: Turns,
+                 snapshots: Any = None) -> None:
         self.b = b
+        self.snapshots = snapshots
         self.projects = projects
         self.drafts = drafts
         self.sealing = sealing
@@ -71,6 +73,8 @@ class Publishing:
                     actor=actor, now=now, reason=HeadMoveReason.PUBLISH)
                 self._close(conn, project_id, draft.id, DraftClosedReason.PUBLISHED, actor, now,
                             published_version_id=version.id)
+                if self.snapshots is not None and self.b.settings.snapshot_on_publish:
+                    self.snapshots.schedule(conn, project_id, version.id, root)  # built later, off this path
                 faults.point("publish.before_commit")
         finally:
             fold.settle()

@@ -30,6 +30,8 @@ __all__ = [
     "Role",
     "Token",
     "Page",
+    "Snapshot",
+    "SnapshotStatus",
     "aware",
 ]
 
@@ -65,6 +67,13 @@ class TurnEndReason(StrEnum):
     CANCELLED = "cancelled"  # interrupted by a user's cancel: not a failure
     HEARTBEAT_LAPSED = "heartbeat_lapsed"  # interrupted by the recovery sweep
     DISCARDED = "discarded"  # rolled back with its draft
+
+
+class SnapshotStatus(StrEnum):
+    PENDING = "pending"  # scheduled (e.g. by publish), not built yet
+    READY = "ready"
+    FAILED = "failed"  # could not be built, or its bundle was found missing or corrupt
+    STALE = "stale"  # the draft it was taken of has moved on
 
 
 class Role(StrEnum):
@@ -227,3 +236,23 @@ class Page(Generic[T]):
 
     items: list[T]
     next_cursor: str | None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A sandbox snapshot: a bundle (``bundle_key``) or an external reference that
+    rebuilds one state fast. A cache, never truth."""
+
+    id: str
+    project_id: str
+    source_kind: str  # version | draft
+    source_id: str
+    root: str
+    status: SnapshotStatus
+    bundle_key: str | None
+    external_ref: str | None
+    files: int
+    size_bytes: int
+    error: str | None
+    created_at: datetime
+    finished_at: datetime | None

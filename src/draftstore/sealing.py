@@ -56,7 +56,8 @@ class Fold:
 
 def _overlay_of(draft: Any, *extra: Any) -> Any:
     """The sealed root, revision and overlay rows of the draft ``draft`` selects."""
-    return (sa.select(D.c.id, D.c.code_manifest_key, D.c.revision, C.c.path, C.c.digest, C.c.size, *extra)
+    return (sa.select(D.c.id, D.c.code_manifest_key, D.c.revision, C.c.path, C.c.digest, C.c.size, C.c.executable,
+                      *extra)
             .select_from(D.outerjoin(C, C.c.draft_id == D.c.id)).where(D.c.id == draft))
 
 
@@ -107,7 +108,7 @@ class Sealing:
     def _plan(self, draft_id: str, rows: list[Any], start_upload: bool) -> Fold:
         root, revision = Digest(rows[0].code_manifest_key), rows[0].revision
         changes: Mapping[str, FileEntry | None] = {
-            r.path: file_entry(r.digest, r.size) for r in rows if r.path is not None}
+            r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.path is not None}
         if not changes:
             return Fold(draft_id, root, revision, 0, None, None)
         plan = self.b.trees.plan(root, changes)
@@ -154,14 +155,3 @@ class Sealing:
                 return root
         finally:
             fold.settle()
-
-    def seal_files(self, files: Mapping[str, bytes]) -> tuple[Digest, int]:
-        """Store ``files`` (canonical path -> content) as a new tree; returns (root, files).
-
-        Every blob and tree object is stored before this returns.
-        """
-        if not files:
-            return EMPTY_TREE, 0
-        digests = self.b.blobs.put_many(list(files.values()))
-        changes = {p: FileEntry(d, len(data)) for (p, data), d in zip(files.items(), digests)}
-        return self.b.trees.seal(EMPTY_TREE, changes)

@@ -64,6 +64,12 @@ class Settings(BaseSettings):
     cache_bytes: int = Field(
         64 * 1024 * 1024, description="in-process cache of immutable objects, in bytes"
     )
+    pack_cache_bytes: int = Field(
+        256 * 1024 * 1024, description="in-process cache of decoded packs, in bytes"
+    )
+    snapshot_on_publish: bool = Field(
+        False, description="publish schedules a sandbox snapshot of the new version (built off the publish path)"
+    )
     lock_timeout_s: float = Field(10.0, description="how long to wait for a coordinator lock")
     heartbeat_ttl_s: float = Field(
         60.0, description="a running turn whose heartbeat is older is reaped as interrupted"

@@ -84,7 +84,8 @@ class Staging:
         ins = insert(C)
         self._upsert_overlay = ins.on_conflict_do_update(
             index_elements=[C.c.draft_id, C.c.path],
-            set_={"digest": ins.excluded.digest, "size": ins.excluded.size, "revision": ins.excluded.revision})
+            set_={"digest": ins.excluded.digest, "size": ins.excluded.size, "executable": ins.excluded.executable,
+                  "revision": ins.excluded.revision})
         self._add_file_count = D.update().where(D.c.id == sa.bindparam("draft_id")).values(
             file_count=D.c.file_count + sa.bindparam("delta"))
 
@@ -112,7 +113,7 @@ class Staging:
             on = C.c.draft_id == sa.bindparam("draft_id")
             if n_paths is not None:
                 on = sa.and_(on, _overlay_condition(n_paths))
-            stmt = sa.select(T.c.status, C.c.path, C.c.digest, C.c.size).select_from(
+            stmt = sa.select(T.c.status, C.c.path, C.c.digest, C.c.size, C.c.executable).select_from(
                 T.outerjoin(C, on)).where(T.c.id == sa.bindparam("turn_id"))
             self._status_and_overlay[n_paths] = stmt
         return stmt
@@ -135,13 +136,15 @@ class Staging:
         rows = conn.execute(self._status_overlay_stmt(len(paths) if targeted else None), params).all()
         if not rows or rows[0].status != _RUNNING:
             raise self._not_running(conn, turn_id)
-        return draft, {r.path: file_entry(r.digest, r.size) for r in rows if r.path is not None}
+        return draft, {r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.path is not None}
 
     # -- files -----------------------------------------------------------------------------
-    def write_file(self, turn_id: str, path: str, data: bytes | str) -> None:
+    def write_file(self, turn_id: str, path: str, data: bytes | str, executable: bool = False) -> None:
         check.turn_id(turn_id)
+        if not isinstance(executable, bool):
+            raise E.InvalidInput("executable must be true or false", field="executable")
         p = normalize_path(path, self.b.limits)
-        self._apply(turn_id, {p: check.file_data(p, data, self.b.limits)})
+        self._apply(turn_id, {p: check.file_data(p, data, self.b.limits)}, frozenset([p] if executable else ()))
 
     def delete_file(self, turn_id: str, path: str) -> None:
         check.turn_id(turn_id)
@@ -155,15 +158,17 @@ class Staging:
             raise E.PathConflict("move source and destination are the same path", path=s)
         self._apply(turn_id, {s: None, d: ("move", s)})
 
-    def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None]) -> None:
+    def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None],
+                      executable: Any = ()) -> None:
         check.turn_id(turn_id)
-        self._apply(turn_id, check.batch(changes, self.b.limits.max_batch_files, "changes", self.b.limits))
+        cleaned = check.batch(changes, self.b.limits.max_batch_files, "changes", self.b.limits)
+        self._apply(turn_id, cleaned, check.executables(executable, cleaned))
 
-    def _apply(self, turn_id: str, changes: dict[str, Any]) -> None:
+    def _apply(self, turn_id: str, changes: dict[str, Any], executable: frozenset[str] = frozenset()) -> None:
         if not changes:
             return
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
-        stored = {p: FileEntry(digest_of(v), len(v)) for p, v in writes}
+        stored = {p: FileEntry(digest_of(v), len(v), p in executable) for p, v in writes}
         upload = self.b.upload(self.b.blobs.put_many, [v for _, v in writes]) if writes else None
         try:
             self._apply_rows(turn_id, changes, stored, upload)
@@ -204,7 +209,8 @@ class Staging:
                 state.stage(path, entry)
                 delta += (entry is not None) - existed
                 rows.append({"draft_id": draft.id, "path": path, "digest": None if entry is None else entry.digest,
-                             "size": 0 if entry is None else entry.size, "revision": draft.revision})
+                             "size": 0 if entry is None else entry.size,
+                             "executable": entry is not None and entry.executable, "revision": draft.revision})
             if draft.file_count + delta > limits.max_files_per_draft:
                 raise E.LimitExceeded(f"the draft would hold more than {limits.max_files_per_draft} files",
                                       limit=limits.max_files_per_draft)

@@ -45,27 +45,29 @@ def _view_statement() -> Any:
         null_s.label("path"),
         null_s.label("digest"),
         null_i.label("size"),
+        sa.cast(sa.null(), sa.Boolean).label("executable"),
     ).select_from(
         P.outerjoin(D, D.c.id == P.c.active_draft_id).outerjoin(
             V, sa.and_(V.c.id == P.c.current_version_id, P.c.active_draft_id.is_(None)))
     ).where(P.c.id == sa.bindparam("project_id"))
     rows = sa.select(
         sa.literal(1), null_s, null_s, null_s, null_j, null_j, null_s, null_i, null_s, null_j, null_j,
-        C.c.path, C.c.digest, C.c.size,
+        C.c.path, C.c.digest, C.c.size, C.c.executable,
     ).select_from(P.join(C, C.c.draft_id == P.c.active_draft_id)).where(P.c.id == sa.bindparam("project_id"))
     return sa.union_all(head, rows)
 
 
 class States:
-    def __init__(self, b: Backends, projects: Projects) -> None:
+    def __init__(self, b: Backends, projects: Projects, packing: Any) -> None:
         self.b = b
         self.projects = projects
+        self.packing = packing
         self._view = _view_statement()
 
     def _version_view(self, v: Any) -> View:
         return View(trees=self.b.trees, project_id=v.project_id, kind="version", root=Digest(v.code_manifest_key),
                     overlay={}, characters=v.characters_json, world_settings=v.world_settings_json,
-                    version_id=v.id, limits=self.b.limits)
+                    version_id=v.id, limits=self.b.limits, packing=self.packing)
 
     def view(self, project_id: str) -> View:
         check.project_id(project_id)
@@ -76,16 +78,16 @@ class States:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         limits = self.b.limits
         if head.draft_id is not None and head.d_root is not None:
-            overlay = {r.path: file_entry(r.digest, r.size) for r in rows if r.part == 1}
+            overlay = {r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.part == 1}
             return View(trees=self.b.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
                         overlay=overlay, characters=head.d_chars, world_settings=head.d_world,
-                        draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits)
+                        draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits, packing=self.packing)
         if head.version_id is not None and head.v_root is not None:
             return View(trees=self.b.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
                         overlay={}, characters=head.v_chars, world_settings=head.v_world,
-                        version_id=head.version_id, limits=limits)
+                        version_id=head.version_id, limits=limits, packing=self.packing)
         return View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
-                    characters={}, world_settings={}, limits=limits)
+                    characters={}, world_settings={}, limits=limits, packing=self.packing)
 
     def view_at(self, project_id: str, version_id: str) -> View:
         with self.b.tx(read_only=True) as conn:
@@ -113,7 +115,7 @@ class States:
         state = json.loads(self.b.blobs.get(Digest(state_digest)))
         return View(trees=self.b.trees, project_id=t.project_id, kind=f"turn_{boundary}", root=Digest(root),
                     overlay={}, characters=state["characters"], world_settings=state["world_settings"],
-                    draft_id=t.draft_id, limits=self.b.limits)
+                    draft_id=t.draft_id, limits=self.b.limits, packing=self.packing)
 
     def resolve(self, ref: View | str) -> View:
         if isinstance(ref, View):
@@ -133,6 +135,15 @@ class States:
             return self.view_at_turn(turn_id, boundary or "end")
         with self.b.tx(read_only=True) as conn:
             return self._version_view(self.projects.load_version(conn, ref))
+
+    def state_of(self, project_id: str, state: str) -> tuple[View, str, str]:
+        """``draft`` (the draft, else head), ``head`` or a version id -> (view, source kind, source id)."""
+        view = (self.view(project_id) if state == "draft" else
+                self.resolve(f"head:{project_id}") if state == "head" else self.view_at(project_id, state))
+        if view.kind == "empty":
+            raise E.StateNotFound(f"project {project_id} has no version or draft yet", project_id=project_id)
+        kind = "draft" if view.kind == "draft" else "version"
+        return view, kind, (view.draft_id if kind == "draft" else view.version_id) or ""
 
     def diff(self, a: View | str, b: View | str, *, text: bool, detect_renames: bool) -> Diff:
         return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames)

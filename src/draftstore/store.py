@@ -40,10 +40,12 @@ from .drafts import Drafts
 from .projects import Projects
 from .publishing import Publishing
 from .deltas import Deltas
-from .records import Draft, HeadMove, Page, Project, ToolCall, Turn, TurnEndReason, Version
+from .records import Draft, HeadMove, Page, Project, Snapshot, ToolCall, Turn, TurnEndReason, Version
+from .packing import Packing
 from .sealing import Sealing
 from .settings import Settings
 from .staging import Staging
+from .snapshots import Materialized, Snapshots
 from .states import States
 from .tokens import Tokens
 from .toolcalls import ToolCalls
@@ -74,15 +76,18 @@ class Store:
         self.settings, self.limits = settings, settings.limits
         self.engine, self.blobs, self.coord, self.cache, self.trees = engine, blobs, coord, cache, b.trees
         sealing = Sealing(b)
-        self._projects = Projects(b, sealing)
+        self._packing = Packing(b)
+        b.locate = self._packing.locate
+        self._projects = Projects(b, self._packing)
         self._drafts = Drafts(b)
         self._staging = Staging(b)
         self._toolcalls = ToolCalls(b)
         self._turns = Turns(b, self._projects, self._drafts, sealing, self._toolcalls, Deltas(b))
         #: API tokens of the HTTP service: ``create``, ``page``, ``revoke``, ``authenticate``
         self.tokens = Tokens(b)
-        self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns)
-        self._states = States(b, self._projects)
+        self._states = States(b, self._projects, self._packing)
+        self._snapshots = Snapshots(b, self._packing, self._states.state_of)
+        self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns, self._snapshots)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -142,13 +147,14 @@ class Store:
 
     # ---------------------------------------------------------------- projects
     def create_project(self, name: str, files: Mapping[str, bytes | str] | None = None, characters: Any = None,
-                       world_settings: Any = None, *, actor: str | None = None) -> Project:
+                       world_settings: Any = None, *, actor: str | None = None, executable: Any = ()) -> Project:
         """Create a project. Given any initial content, it becomes version 1 (the head).
 
-        Atomic: on any error (``path.denied``, ``payload.too_large``, ...) no
-        project exists.
+        The files are stored in packs (a few objects, not one per file); the
+        paths in ``executable`` are executable files. Atomic: on any error
+        (``path.denied``, ``payload.too_large``, ...) no project exists.
         """
-        return self._projects.create(name, files, characters, world_settings, actor)
+        return self._projects.create(name, files, characters, world_settings, actor, executable)
 
     def fork_project(self, version_id: str, name: str, *, actor: str | None = None) -> Project:
         """A new project whose version 1 is ``version_id`` of another project.
@@ -298,7 +304,7 @@ class Store:
         return self._toolcalls.read_payload(digest)
 
     # ------------------------------------------------------------------ writes
-    def write_file(self, turn_id: str, path: str, data: bytes | str) -> None:
+    def write_file(self, turn_id: str, path: str, data: bytes | str, *, executable: bool = False) -> None:
         """Write one file into the draft of a running turn.
 
         The blob is stored first, then one transaction upserts the overlay
@@ -307,8 +313,9 @@ class Store:
         ``path.conflict`` (a file where a directory is, or under a file),
         ``limit.exceeded``, ``turn.not_running``, ``input.invalid`` (``data``
         is None: deleting is ``delete_file``); on error nothing changes.
+        ``executable=True`` marks it an executable file.
         """
-        self._staging.write_file(turn_id, path, data)
+        self._staging.write_file(turn_id, path, data, executable)
 
     def delete_file(self, turn_id: str, path: str) -> None:
         """Delete one file from the draft. Raises ``path.not_found`` if absent."""
@@ -318,9 +325,11 @@ class Store:
         """Rename a file, atomically (no content is copied). Raises ``path.not_found``, ``path.conflict``."""
         self._staging.move_file(turn_id, src, dst)
 
-    def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None]) -> None:
-        """Apply a batch ``{path: content | None}`` (None deletes) atomically: all or nothing."""
-        self._staging.apply_changes(turn_id, changes)
+    def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None], *,
+                      executable: Any = ()) -> None:
+        """Apply a batch ``{path: content | None}`` (None deletes) atomically: all or nothing.
+        Written paths listed in ``executable`` are executable files."""
+        self._staging.apply_changes(turn_id, changes, executable)
 
     def patch_characters(self, turn_id: str, patch: Any) -> Any:
         """Patch the draft's characters JSON; returns the new value.
@@ -402,6 +411,34 @@ class Store:
         project size.
         """
         return self._states.diff(a, b, text=text, detect_renames=detect_renames)
+
+    # ------------------------------------------------------- snapshots, packs
+    def create_snapshot(self, project_id: str, source: str = "head", *, progress: Any = None) -> Snapshot:
+        """Build a sandbox snapshot (tar + zstd bundle) of ``source`` — ``head``, ``draft`` or a
+        version id — now. ``draft.busy`` while a turn has unsealed writes in the draft."""
+        return self._snapshots.create(project_id, source, progress)
+
+    def record_snapshot(self, project_id: str, source: str, external_ref: str) -> Snapshot:
+        """Record an external sandbox snapshot (e.g. a provider's snapshot id) of ``source`` as ready."""
+        return self._snapshots.record(project_id, source, external_ref)
+
+    def list_snapshots(self, project_id: str) -> list[Snapshot]:
+        """The project's snapshots, oldest first (a cache: any of them may be deleted)."""
+        return self._snapshots.list(project_id)
+
+    def materialize(self, project_id: str, dest_dir: Any, state: str = "draft", *, replace: bool = False,
+                    progress: Any = None) -> Materialized:
+        """Write the exact files of ``state`` (``draft``: the draft, else head; ``head``; a version id)
+        into ``dest_dir`` (executable bits kept; nothing outside it touched; a non-empty one is refused
+        with ``path.conflict`` unless ``replace``). From a ready snapshot of that very tree, else rebuilt
+        from the blobs; the answer says which (``path``) with counts."""
+        return self._snapshots.materialize(project_id, dest_dir, state, replace, progress)
+
+    def run_background(self, limit: int = 10) -> dict[str, int]:
+        """The work kept off request paths: write the packs of newly published versions, build
+        pending snapshots. Safe to run from many processes. Returns counts."""
+        return {"versions_packed": self._projects.pack_pending(limit),
+                "snapshots_built": self._snapshots.build_pending(limit)}
 
     # ----------------------------------------------------------------- recovery
     def sweep(self) -> dict[str, int]:

@@ -4,6 +4,7 @@ A tree object lists a directory's entries, sorted by name, one per line::
 
     tree 1
     f <sha256> <size-in-bytes> <name>
+    x <sha256> <size-in-bytes> <name>     (an executable file)
     d <sha256> <files-below> <name>
 
 It is stored in the blob store like any blob, so its digest names the whole
@@ -34,7 +35,7 @@ class Entry:
     """One directory entry. For a file ``size`` is bytes; for a dir, files below it."""
 
     name: str
-    kind: str  # "f" or "d"
+    kind: str  # "f" (file), "x" (executable file) or "d" (directory)
     digest: Digest
     size: int
 
@@ -42,9 +43,16 @@ class Entry:
     def is_dir(self) -> bool:
         return self.kind == "d"
 
+    @property
+    def executable(self) -> bool:
+        return self.kind == "x"
+
+    def file(self) -> "FileEntry":
+        return FileEntry(self.digest, self.size, self.kind == "x")
+
 
 class FileEntry(NamedTuple):
-    """A file in a state: its content's digest and size in bytes.
+    """A file in a state: its content's digest, size in bytes, and whether it is executable.
 
     The one type for "a file" across the tree, the staging overlay, views and
     diffs. Where a change is meant, ``None`` stands for a deletion.
@@ -52,11 +60,12 @@ class FileEntry(NamedTuple):
 
     digest: Digest
     size: int
+    executable: bool = False
 
 
-def file_entry(digest: str | None, size: int) -> FileEntry | None:
+def file_entry(digest: str | None, size: int, executable: bool = False) -> FileEntry | None:
     """An overlay row's value: the new file, or None for a deletion."""
-    return None if digest is None else FileEntry(Digest(digest), size)
+    return None if digest is None else FileEntry(Digest(digest), size, bool(executable))
 
 
 def encode_tree(entries: Mapping[str, Entry]) -> bytes:
@@ -78,6 +87,8 @@ def decode_tree(data: bytes) -> dict[str, Entry]:
             if not line:
                 continue
             kind, digest, size, name = line.split(" ", 3)
+            if kind not in ("f", "x", "d"):
+                raise ValueError(f"unknown entry kind {kind!r}")
             out[name] = Entry(name, kind, str.__new__(Digest, digest), int(size))
     except ValueError as exc:
         raise IntegrityError(f"malformed tree object: {exc}") from exc
@@ -205,7 +216,7 @@ class TreeReader:
                 if cur is not None and not cur.is_dir:
                     del entries[name]
             else:
-                entries[name] = Entry(name, "f", change[0], change[1])
+                entries[name] = Entry(name, "x" if change.executable else "f", change.digest, change.size)
         for name, sub in nested.items():
             cur = entries.get(name)
             sub_root = cur.digest if cur is not None and cur.is_dir else None
@@ -246,7 +257,7 @@ class StagedTree:
         if path in self.overlay:
             return self.overlay[path]
         entry = self.trees.lookup(self.root, path)
-        return None if entry is None or entry.is_dir else FileEntry(entry.digest, entry.size)
+        return None if entry is None or entry.is_dir else entry.file()
 
     def is_dir(self, path: str) -> bool:
         """True if canonical ``path`` holds at least one file."""

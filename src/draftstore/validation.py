@@ -35,6 +35,7 @@ __all__ = [
     "file_data",
     "batch",
     "batch_shape",
+    "executables",
     "project_id",
     "turn_id",
     "version_id",
@@ -215,6 +216,20 @@ def batch_shape(writes: Mapping[str, Any]) -> None:
         for parent in parent_dirs(path):
             if writes.get(parent) is not None:
                 raise E.PathConflict(f"{parent!r} cannot be a file and a directory", path=parent)
+
+
+def executables(paths: Any, files: Mapping[str, Any]) -> frozenset[str]:
+    """The paths to mark executable: canonical paths among ``files`` that are written (not deleted)."""
+    if isinstance(paths, (str, bytes)) or not hasattr(paths, "__iter__"):
+        raise E.InvalidInput("executable is a collection of paths", field="executable")
+    out = set()
+    for raw in paths:
+        path = normalize_path(raw)
+        if files.get(path) is None:
+            raise E.InvalidInput(f"executable path {path!r} is not among the written files", field="executable",
+                                 path=path)
+        out.add(path)
+    return frozenset(out)
 
 
 def _ident(value: Any, field: str, missing: type[E.NotFound]) -> str:

@@ -18,6 +18,7 @@ from .digest import Digest
 from .errors import PathNotFound, PatternInvalid
 from .paths import normalize_dir, normalize_path
 from .search import Searcher, SearchResult, compile_glob, glob_base
+from .searchindex import required_trigrams
 from .settings import Limits
 from .trees import Entry, FileEntry, StagedTree, TreeReader
 
@@ -29,6 +30,7 @@ class FileStat:
     path: str
     size: int
     digest: Digest
+    executable: bool = False
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,13 @@ class View:
         draft_id: str | None = None,
         revision: int | None = None,
         limits: Limits | None = None,
+        packing: Any = None,
     ) -> None:
         self._staged = StagedTree(trees, root, dict(overlay))
         self._trees = trees
         self._overlay = self._staged.overlay
         self._limits = limits or Limits()
+        self._packing = packing  # finds the trigram indexes of packed subtrees (None: scan every file)
         self.project_id = project_id
         self.kind = kind
         self.root = root
@@ -118,7 +122,7 @@ class View:
         f = self.file(p)
         if f is None:
             raise PathNotFound(f"no file {p!r} in this {self.kind}", path=p)
-        return FileStat(p, f[1], f[0])
+        return FileStat(p, f.size, f.digest, f.executable)
 
     def read_file(self, path: str) -> bytes:
         """Content of a file. Raises ``path.not_found``, ``path.denied``."""
@@ -141,25 +145,25 @@ class View:
         walk = self._trees.walk(sub, prefix) if sub is not None else iter(())
         if not self._overlay:
             for path, e in walk:
-                yield path, FileStat(path, e.size, e.digest)
+                yield path, FileStat(path, e.size, e.digest, e.executable)
             return
         extra = sorted((p, v) for p, v in self._overlay.items() if v is not None and p.startswith(prefix))
         i = 0
         for path, e in walk:
             while i < len(extra) and extra[i][0] < path:
-                p, (d, s) = extra[i]
-                yield p, FileStat(p, s, d)
+                p, f = extra[i]
+                yield p, FileStat(p, f.size, f.digest, f.executable)
                 i += 1
             if i < len(extra) and extra[i][0] == path:
-                p, (d, s) = extra[i]
-                yield p, FileStat(p, s, d)
+                p, f = extra[i]
+                yield p, FileStat(p, f.size, f.digest, f.executable)
                 i += 1
                 continue
             if path in self._overlay:  # deleted
                 continue
-            yield path, FileStat(path, e.size, e.digest)
-        for p, (d, s) in extra[i:]:
-            yield p, FileStat(p, s, d)
+            yield path, FileStat(path, e.size, e.digest, e.executable)
+        for p, f in extra[i:]:
+            yield p, FileStat(p, f.size, f.digest, f.executable)
 
     def list_files(self) -> list[str]:
         """Every file path, sorted."""
@@ -203,7 +207,7 @@ class View:
             if sep:
                 touched_dirs.add(name)
             elif v is not None:
-                entries[name] = DirEntry(name, p, "file", v[1])
+                entries[name] = DirEntry(name, p, "file", v.size)
         for name in touched_dirs:  # an overlay can create a directory or empty one
             p = prefix + name
             if self.is_dir(p):
@@ -256,8 +260,65 @@ class View:
         base = glob_base(glob) if glob else ""
         if base and not self.is_dir(base):
             return SearchResult()
-        selected = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
-        return searcher.run(self._prefetched(selected))
+        units = self._index_units(pattern, regex, ignore_case, base)
+        if units is None:
+            selected: Any = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
+        else:
+            selected = [(p, d) for p, d in self._candidates(units, base) if rx is None or rx.match(p)]
+        return searcher.run(self._prefetched(iter(selected)))
+
+    def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
+        """The trigram indexes of the packed subtrees below ``base``: prefix -> (kind,
+        {listed relative path: digest}, {candidate relative paths}); None when no index
+        can narrow this search (no packs, or a pattern nothing is certain of)."""
+        if self._packing is None:
+            return None
+        query = required_trigrams(pattern, regex, ignore_case)
+        if query is None:
+            return None
+        covered, _ = self._packing.covering(self.root, base)
+        units: dict[str, tuple[str, dict[str, str], set[str]]] = {}
+        for c in covered:
+            listed: dict[str, str] = {}
+            hits: set[str] = set()
+            indexed = [row.search_index for row in c.rows if row.search_index]
+            if len(indexed) != len(c.rows):
+                continue  # a part without an index: search that subtree file by file
+            for digest in indexed:
+                idx = self._packing.index(digest)
+                listed.update(idx.files)
+                hits |= idx.candidates(query)
+            units[c.prefix] = (c.kind, listed, hits)
+        return units or None
+
+    def _candidates(self, units: dict[str, tuple[str, dict[str, str], set[str]]],
+                    base: str) -> list[tuple[str, Digest]]:
+        """The files that may match, in path order: index candidates of packed subtrees,
+        every file no index lists, and every file the overlay writes."""
+        overlay = self._overlay
+        out: list[tuple[str, Any]] = []
+        for prefix, (_, listed, hits) in units.items():
+            out.extend((prefix + rel, listed[rel]) for rel in hits if prefix + rel not in overlay)
+        whole = {prefix for prefix, (kind, _, _) in units.items() if kind == "tree"}
+
+        def walk(digest: Digest, prefix: str) -> Iterator[tuple[str, Any]]:
+            own = units.get(prefix)
+            skip_files = own[1] if own is not None and own[0] == "files" else {}
+            for name, e in sorted(self._trees.load(digest).items()):
+                path = prefix + name
+                if e.is_dir:
+                    if path + "/" not in whole:
+                        yield from walk(e.digest, path + "/")
+                elif name not in skip_files and path not in overlay:
+                    yield path, e.digest
+
+        start = self._trees.dir_digest(self.root, base) if base else self.root
+        prefix = f"{base}/" if base else ""
+        if start is not None and prefix not in whole:
+            out.extend(walk(start, prefix))
+        out.extend((p, v.digest) for p, v in overlay.items() if v is not None and p.startswith(prefix))
+        out.sort()
+        return out
 
     def _prefetched(self, files: Iterator[tuple[str, Digest]], chunk: int = 256) -> Iterator[tuple[str, Any]]:
         """(path, read) pairs whose contents are fetched a chunk at a time in

@@ -38,7 +38,9 @@ __all__ = [
     "metadata",
     "utcnow",
     "TokenRow",
-    "P", "V", "D", "C", "T", "TC", "S", "H", "K",
+    "PackRow",
+    "PackObjectRow",
+    "P", "V", "D", "C", "T", "TC", "S", "H", "K", "PK", "PO",
 ]
 
 metadata = SQLModel.metadata
@@ -88,6 +90,7 @@ class VersionRow(SQLModel, table=True):
     created_by_turn_id: str | None = Field(default=None, max_length=ID)
     created_by: str | None = Field(default=None, max_length=NAME)
     created_at: datetime = Field(sa_column=_ts())
+    packed_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))  # NULL: packs not written yet
 
 
 class DraftRow(SQLModel, table=True):
@@ -120,6 +123,7 @@ class DraftRow(SQLModel, table=True):
     closed_reason: str | None = Field(default=None, max_length=16)
     closed_by: str | None = Field(default=None, max_length=NAME)
     published_version_id: str | None = Field(default=None, max_length=ID)
+    snapshot_id: str | None = Field(default=None, max_length=ID)  # its latest sandbox snapshot
 
 
 class DraftChangeRow(SQLModel, table=True):
@@ -130,6 +134,7 @@ class DraftChangeRow(SQLModel, table=True):
     path: str = Field(primary_key=True, max_length=1024)
     digest: str | None = Field(default=None, max_length=DIGEST)  # None = deleted
     size: int = 0
+    executable: bool = False
     revision: int = 0
 
 
@@ -195,17 +200,49 @@ class ToolCallRow(SQLModel, table=True):
 
 
 class SnapshotRow(SQLModel, table=True):
-    """A sandbox snapshot: a cache; deleting every row loses nothing."""
+    """A sandbox snapshot: a cache that rebuilds a state fast; deleting every row loses nothing."""
 
     __tablename__ = "sandbox_snapshot"
     id: str = Field(primary_key=True, max_length=ID)
     project_id: str = Field(foreign_key="project.id", index=True, max_length=ID)
-    version_id: str | None = Field(default=None, max_length=ID)
-    draft_id: str | None = Field(default=None, max_length=ID)
-    code_root: str = Field(max_length=DIGEST)
-    bundle_digest: str | None = Field(default=None, max_length=DIGEST)
-    external_ref: str | None = Field(default=None, max_length=1024)
+    # version | draft
+    source_kind: str = Field(max_length=16)
+    source_id: str = Field(max_length=ID)
+    root: str = Field(max_length=DIGEST)  # the code tree it was built from
+    # pending | ready | failed | stale
+    status: str = Field(max_length=16)
+    bundle_key: str | None = Field(default=None, max_length=DIGEST)  # the tar+zstd bundle's digest
+    external_ref: str | None = Field(default=None, max_length=1024)  # e.g. a sandbox provider's snapshot id
+    files: int = 0
+    size_bytes: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
+    error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     created_at: datetime = Field(sa_column=_ts())
+    finished_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+
+
+class PackRow(SQLModel, table=True):
+    """A pack: one content-addressed object bundling the objects of one subtree."""
+
+    __tablename__ = "pack"
+    digest: str = Field(primary_key=True, max_length=DIGEST)
+    tree: str = Field(index=True, max_length=DIGEST)  # the subtree it covers
+    # tree (the whole subtree) | files (a large directory's own files) | spine (the nodes above packed subtrees)
+    kind: str = Field(max_length=8)
+    part: int = 0
+    objects: int = 0
+    bytes: int = 0  # uncompressed
+    search_index: str | None = Field(default=None, max_length=DIGEST)  # trigram index of its files
+    created_at: datetime = Field(sa_column=_ts())
+
+
+class PackObjectRow(SQLModel, table=True):
+    """Where an object lives inside a pack (so any object stays addressable by digest)."""
+
+    __tablename__ = "pack_object"
+    digest: str = Field(primary_key=True, max_length=DIGEST)
+    pack: str = Field(primary_key=True, max_length=DIGEST)
+    offset: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
+    length: int = Field(sa_column=sa.Column(sa.BigInteger, nullable=False))
 
 
 class HeadMoveRow(SQLModel, table=True):
@@ -247,3 +284,5 @@ TC = ToolCallRow.__table__
 S = SnapshotRow.__table__
 H = HeadMoveRow.__table__
 K = TokenRow.__table__
+PK = PackRow.__table__
+PO = PackObjectRow.__table__

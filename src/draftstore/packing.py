@@ -1,0 +1,258 @@
+"""Packing trees: which subtrees become packs, writing them, and finding them again.
+
+Pack roots are chosen from the tree alone, top-down: a directory with at
+most ``MAX_PACK_FILES`` files below it is packed whole (its nodes and files:
+kind ``tree``); a larger directory contributes its own files (kind ``files``)
+and its node to the tree's *spine* pack (kind ``spine``, keyed by the root).
+Because the choice depends only on the subtree, an unchanged subtree has the
+same pack in every version and draft that holds it; writing a tree's packs
+writes only the packs that do not exist yet. Each ``tree``/``files`` pack has
+a trigram index of its text files (``searchindex``), stored as its own object.
+
+Writes happen on import (``create_project``: the files go to packs, not one
+PUT each) and off the publish path (``pack_version``). Rows are committed
+only after every object they name is stored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import sqlalchemy as sa
+
+from .backends import Backends
+from .db.tables import PK, PO, utcnow
+from .digest import Digest, digest_of
+from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, encode_pack
+from .searchindex import SearchIndex, build_index
+from .trees import Entry, encode_tree
+
+__all__ = ["Packing", "PackStats", "Covered"]
+
+_CHUNK = 500  # digests per IN (...) lookup
+
+
+@dataclass
+class _Unit:
+    tree: Digest
+    kind: str  # tree | files | spine
+    part: int
+    prefix: str  # path of the unit's directory ('' for the root), with a trailing '/'
+    nodes: list[Digest] = field(default_factory=list)
+    files: list[tuple[str, Entry]] = field(default_factory=list)  # (path relative to the unit's directory, entry)
+    loose: list[tuple[str, Entry]] = field(default_factory=list)  # too large to pack: stored alone, still indexed
+    bytes: int = 0
+
+
+@dataclass
+class PackStats:
+    packs: int = 0
+    objects: int = 0
+    bytes: int = 0  # uncompressed bytes packed
+    stored_bytes: int = 0  # bytes written (compressed packs, indexes, large files)
+    loose: int = 0  # files too large for a pack, stored on their own
+
+
+@dataclass(frozen=True)
+class Covered:
+    """A subtree with a ``tree`` or ``files`` pack: its path prefix and its packs' rows."""
+
+    prefix: str
+    kind: str
+    rows: tuple[Any, ...]
+
+
+class Packing:
+    def __init__(self, b: Backends) -> None:
+        self.b = b
+
+    # -- where objects live ------------------------------------------------------------
+    def locate(self, digests: list[str]) -> dict[str, tuple[str, int, int]]:
+        """digest -> (pack, offset, length) for the digests that live in a pack."""
+        out: dict[str, tuple[str, int, int]] = {}
+        with self.b.statement(read_only=True) as conn:
+            for i in range(0, len(digests), _CHUNK):
+                rows = conn.execute(sa.select(PO.c.digest, PO.c.pack, PO.c.offset, PO.c.length)
+                                    .where(PO.c.digest.in_(digests[i:i + _CHUNK]))).all()
+                for r in rows:
+                    out.setdefault(r.digest, (r.pack, r.offset, r.length))
+        return out
+
+    def _rows_for(self, trees: Iterable[str]) -> dict[str, list[Any]]:
+        trees = list(dict.fromkeys(trees))
+        found: dict[str, list[Any]] = {}
+        with self.b.statement(read_only=True) as conn:
+            for i in range(0, len(trees), _CHUNK):
+                for r in conn.execute(sa.select(PK).where(PK.c.tree.in_(trees[i:i + _CHUNK]))).all():
+                    found.setdefault(r.tree, []).append(r)
+        return found
+
+    # -- planning ------------------------------------------------------------------------
+    def plan(self, root: Digest, nodes: Mapping[str, dict[str, Entry]] | None = None) -> list[_Unit]:
+        """The packs of the tree ``root``. ``nodes``: decoded tree nodes not stored yet (an import's)."""
+        load = (lambda d: nodes[d] if nodes is not None and d in nodes else self.b.trees.load(d))
+        units: list[_Unit] = []
+        spine: list[Digest] = []
+
+        def files_below(node: dict[str, Entry]) -> int:
+            return sum(e.size if e.is_dir else 1 for e in node.values())
+
+        def collect(d: Digest, rel: str, unit_nodes: list[Digest], files: list[tuple[str, Entry]]) -> None:
+            unit_nodes.append(d)
+            for name, e in sorted(load(d).items()):
+                if e.is_dir:
+                    collect(e.digest, f"{rel}{name}/", unit_nodes, files)
+                else:
+                    files.append((rel + name, e))
+
+        def split(tree: Digest, kind: str, prefix: str, unit_nodes: list[Digest], files: list[tuple[str, Entry]]) -> None:
+            first = unit = _Unit(tree, kind, 0, prefix, list(unit_nodes))
+            units.append(unit)
+            for rel, e in files:
+                if e.size > MAX_PACKED_FILE:
+                    first.loose.append((rel, e))
+                    continue
+                if unit.bytes + e.size > MAX_PACK_BYTES and unit.files:
+                    unit = _Unit(tree, kind, unit.part + 1, prefix)
+                    units.append(unit)
+                unit.files.append((rel, e))
+                unit.bytes += e.size
+
+        def visit(d: Digest, prefix: str) -> None:
+            node = load(d)
+            if files_below(node) <= MAX_PACK_FILES:
+                unit_nodes: list[Digest] = []
+                files: list[tuple[str, Entry]] = []
+                collect(d, "", unit_nodes, files)
+                split(d, "tree", prefix, unit_nodes, files)
+                return
+            spine.append(d)
+            direct = [(name, e) for name, e in sorted(node.items()) if not e.is_dir]
+            if direct:
+                split(d, "files", prefix, [], direct)
+            for name, e in sorted(node.items()):
+                if e.is_dir:
+                    visit(e.digest, f"{prefix}{name}/")
+
+        visit(root, "")
+        if spine:
+            units.append(_Unit(root, "spine", 0, "", spine))
+        return units
+
+    # -- writing -------------------------------------------------------------------------
+    def write(self, root: Digest, *, nodes: Mapping[str, tuple[bytes, dict[str, Entry]]] | None = None,
+              blobs: Mapping[str, bytes] | None = None) -> PackStats:
+        """Write the packs of tree ``root`` that do not exist yet (and the files too
+        large for a pack, on their own). ``nodes``/``blobs``: content not stored
+        anywhere yet (an import); everything else is read through the store."""
+        decoded = {d: entries for d, (_, entries) in (nodes or {}).items()}
+        units = self.plan(root, decoded)
+        existing = self._rows_for(u.tree for u in units)
+        todo = [u for u in units if not any(r.kind == u.kind for r in existing.get(u.tree, ()))]
+        stats = PackStats()
+        for unit in todo:
+            self._write_unit(unit, nodes or {}, blobs or {}, stats)
+        return stats
+
+    def _write_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes],
+                    stats: PackStats) -> None:
+        node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.b.trees.load(d))) for d in unit.nodes]
+        everything = unit.files + unit.loose
+        wanted = [e.digest for _, e in everything if e.digest not in blobs]
+        fetched = self.b.objects.get_many(wanted) if wanted else {}
+        content = {e.digest: blobs[e.digest] if e.digest in blobs else fetched[e.digest] for _, e in everything}
+        if unit.loose:  # stored on their own, before the rows that index them
+            self.b.blobs.put_many([content[e.digest] for _, e in unit.loose])
+            stats.loose += len(unit.loose)
+            stats.stored_bytes += sum(e.size for _, e in unit.loose)
+        raw, index = encode_pack(node_bytes + [(e.digest, content[e.digest]) for _, e in unit.files])
+        index_digest = None
+        stored = len(raw)
+        if unit.kind != "spine":
+            idx = build_index([(rel, e.digest, content[e.digest]) for rel, e in everything])
+            index_digest = self.b.blobs.put(idx)
+            stored += len(idx)
+        pack = self.b.blobs.put(raw)
+        with self.b.tx() as conn:
+            conn.execute(PK.insert().values(digest=pack, tree=unit.tree, kind=unit.kind, part=unit.part,
+                                            objects=len(index), bytes=sum(n for _, _, n in index),
+                                            search_index=index_digest, created_at=utcnow()))
+            conn.execute(PO.insert(), [{"digest": d, "pack": pack, "offset": off, "length": n}
+                                       for d, off, n in index])
+        stats.packs += 1
+        stats.objects += len(index)
+        stats.bytes += sum(n for _, _, n in index)
+        stats.stored_bytes += stored
+
+    def import_tree(self, files: Mapping[str, bytes], executable: frozenset[str]) -> tuple[Digest, int, PackStats]:
+        """Store new files as a tree written in packs (no PUT per file). Returns (root, files, stats)."""
+        from .digest import EMPTY_TREE
+        from .trees import FileEntry
+
+        blobs = {digest_of(data): data for data in files.values()}
+        changes = {p: FileEntry(digest_of(data), len(data), p in executable) for p, data in files.items()}
+        plan = self.b.trees.plan(EMPTY_TREE, changes)
+        nodes = {digest_of(data): (data, entries) for data, entries in plan.nodes}
+        stats = self.write(plan.root, nodes=nodes, blobs=blobs)
+        for data, entries in plan.nodes:  # warm: the importer is about to read them
+            self.b.trees.cache.add("tree:" + digest_of(data), entries, 120 + 160 * len(entries))
+        return plan.root, plan.files, stats
+
+    # -- reading -------------------------------------------------------------------------
+    def covering(self, root: Digest, under: str = "") -> tuple[list[Covered], list[Digest]]:
+        """The packed subtrees of ``root`` below directory ``under`` (tree packs, and
+        files packs of large directories), and the directories reached that no pack
+        covers. Loads spine packs (small) and unpacked nodes; never a tree pack."""
+        key = f"covering:{root}:{under}"
+        cached = self.b.cache.get(key)
+        if cached is not None:
+            return cached
+        start = self.b.trees.dir_digest(root, under) if under else root
+        if start is None:
+            return [], []
+        covered: list[Covered] = []
+        uncovered: list[Digest] = []
+        frontier = [(start, f"{under}/" if under else "")]
+        while frontier:
+            rows = self._rows_for(d for d, _ in frontier)
+            spines = [r.digest for d, _ in frontier for r in rows.get(d, ()) if r.kind == "spine"]
+            if spines:
+                self.b.objects.load_packs(spines)
+            nxt: list[tuple[Digest, str]] = []
+            for d, prefix in frontier:
+                mine = rows.get(d, [])
+                trees = tuple(sorted((r for r in mine if r.kind == "tree"), key=lambda r: r.part))
+                if trees:
+                    covered.append(Covered(prefix, "tree", trees))
+                    continue
+                files = tuple(sorted((r for r in mine if r.kind == "files"), key=lambda r: r.part))
+                if files:
+                    covered.append(Covered(prefix, "files", files))
+                else:
+                    uncovered.append(d)
+                for name, e in sorted(self.b.trees.load(d).items()):
+                    if e.is_dir:
+                        nxt.append((e.digest, f"{prefix}{name}/"))
+            frontier = nxt
+        # a tree never changes; packs written later only go unseen by this cached answer
+        self.b.cache.add(key, (covered, uncovered), 200 + 300 * (len(covered) + len(uncovered)))
+        return covered, uncovered
+
+    def prefetch(self, root: Digest, under: str = "") -> int:
+        """Load every pack of the subtree (in parallel), so a whole-tree read costs a
+        few GETs, not one per file. Returns how many packs are in memory for it."""
+        covered, _ = self.covering(root, under)
+        packs = [r.digest for c in covered for r in c.rows]
+        self.b.objects.load_packs(packs)
+        return len(packs)
+
+    def index(self, digest: str) -> SearchIndex:
+        """A search index object, decoded (cached in process: an index never changes)."""
+        key = "index:" + digest
+        idx = self.b.cache.get(key)
+        if idx is None:
+            idx = SearchIndex.decode(self.b.blobs.get(Digest(digest)))
+            self.b.cache.add(key, idx, idx.size)
+        return idx

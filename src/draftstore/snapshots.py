@@ -1,0 +1,268 @@
+"""Sandbox snapshots and materialise: a state's files written to a directory, fast.
+
+A snapshot is a tar + zstd bundle of one state's tree (a version, or a draft
+with no unsealed writes), stored content-addressed in the blob store, with a
+``sandbox_snapshot`` row (pending | ready | failed | stale) naming the tree
+root it was built from. It is a cache, never truth: ``materialize`` uses a
+ready snapshot whose root is the state's, checks every file it extracts
+against the tree, and falls back to rebuilding from the blobs (marking the
+snapshot ``failed`` when its bundle is missing or corrupt, ``stale`` when its
+root is no longer the state's). Deleting every snapshot loses nothing.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import shutil
+import tarfile
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+import zstandard
+
+from . import errors as E
+from . import validation as check
+from .backends import Backends
+from .db.tables import D, P, S, V, utcnow
+from .digest import Digest, digest_of
+from .ids import new_id
+from .packing import Packing
+from .paths import normalize_path
+from .records import Snapshot, SnapshotStatus, aware
+from .view import View
+
+__all__ = ["Snapshots", "Materialized"]
+
+Progress = Callable[[int, int], None]  # (files done, files in all)
+_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class Materialized:
+    """What ``materialize`` did: ``path`` is ``snapshot`` or ``rebuild``."""
+
+    path: str
+    files: int
+    bytes: int
+    root: str
+    snapshot_id: str | None
+
+
+def snapshot_record(r: Any) -> Snapshot:
+    return Snapshot(id=r.id, project_id=r.project_id, source_kind=r.source_kind, source_id=r.source_id, root=r.root,
+                    status=SnapshotStatus(r.status), bundle_key=r.bundle_key, external_ref=r.external_ref,
+                    files=r.files, size_bytes=r.size_bytes, error=r.error, created_at=aware(r.created_at),
+                    finished_at=aware(r.finished_at))
+
+
+class Snapshots:
+    def __init__(self, b: Backends, packing: Packing, resolve: Callable[[str, str], tuple[View, str, str]]) -> None:
+        self.b = b
+        self.packing = packing
+        # (project_id, state) -> (view, source kind, source id)
+        self._resolve = resolve
+
+    # -- rows -----------------------------------------------------------------------------
+    def list(self, project_id: str) -> list[Snapshot]:
+        check.project_id(project_id)
+        with self.b.tx(read_only=True) as conn:
+            if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
+                raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+            rows = conn.execute(sa.select(S).where(S.c.project_id == project_id)
+                                .order_by(S.c.created_at, S.c.id)).all()
+        return [snapshot_record(r) for r in rows]
+
+    def _insert(self, conn: Any, project_id: str, kind: str, source_id: str, root: str, status: SnapshotStatus,
+                external_ref: str | None = None) -> str:
+        sid = new_id()
+        conn.execute(S.insert().values(id=sid, project_id=project_id, source_kind=kind, source_id=source_id,
+                                       root=root, status=status, external_ref=external_ref, files=0, size_bytes=0,
+                                       created_at=utcnow(), finished_at=None if status == "pending" else utcnow()))
+        if kind == "draft":
+            conn.execute(D.update().where(D.c.id == source_id).values(snapshot_id=sid))
+        return sid
+
+    def _get(self, snapshot_id: str) -> Snapshot:
+        with self.b.statement(read_only=True) as conn:
+            row = conn.execute(sa.select(S).where(S.c.id == snapshot_id)).one()
+        return snapshot_record(row)
+
+    def _mark(self, snapshot_id: str, status: SnapshotStatus, **values: Any) -> None:
+        with self.b.tx() as conn:
+            conn.execute(S.update().where(S.c.id == snapshot_id).values(status=status, finished_at=utcnow(), **values))
+
+    def schedule(self, conn: Any, project_id: str, version_id: str, root: str) -> str:
+        """Within the caller's transaction (a publish): a pending snapshot of the version."""
+        return self._insert(conn, project_id, "version", version_id, root, SnapshotStatus.PENDING)
+
+    def record(self, project_id: str, state: str, external_ref: str) -> Snapshot:
+        """Record a snapshot kept outside draftstore (e.g. a sandbox provider's id) as ready."""
+        ref = check.text("external_ref", external_ref, max_chars=1024)
+        view, kind, source_id = self._sealed(project_id, state)
+        with self.b.tx() as conn:
+            sid = self._insert(conn, project_id, kind, source_id, view.root, SnapshotStatus.READY, ref)
+        return self._get(sid)
+
+    def _sealed(self, project_id: str, state: str) -> tuple[View, str, str]:
+        view, kind, source_id = self._resolve(project_id, state)
+        if view.overlay:
+            raise E.DraftBusy("the draft has unsealed writes (a turn is running): snapshot it after the turn ends",
+                              project_id=project_id)
+        return view, kind, source_id
+
+    # -- building ------------------------------------------------------------------------------
+    def create(self, project_id: str, state: str = "head", progress: Progress | None = None) -> Snapshot:
+        """Build a snapshot of ``state`` now ("head", "draft" or a version id)."""
+        view, kind, source_id = self._sealed(project_id, state)
+        with self.b.tx() as conn:
+            sid = self._insert(conn, project_id, kind, source_id, view.root, SnapshotStatus.PENDING)
+        return self._build(sid, view, progress)
+
+    def build_pending(self, limit: int = 10) -> int:
+        """Build up to ``limit`` pending snapshots (scheduled by publish); returns how many were built."""
+        with self.b.tx(read_only=True) as conn:
+            rows = conn.execute(sa.select(S).where(S.c.status == SnapshotStatus.PENDING.value)
+                                .order_by(S.c.created_at).limit(limit)).all()
+        built = 0
+        for r in rows:
+            try:
+                view, _, _ = self._resolve(r.project_id, r.source_id)
+            except E.DraftstoreError as exc:
+                self._mark(r.id, SnapshotStatus.FAILED, error=str(exc))
+                continue
+            if self._build(r.id, view, None).status == SnapshotStatus.READY:
+                built += 1
+        return built
+
+    def _build(self, snapshot_id: str, view: View, progress: Progress | None) -> Snapshot:
+        try:
+            bundle, files = self._bundle(view, progress)
+            key = self.b.blobs.put(bundle)
+        except E.DraftstoreError as exc:
+            self._mark(snapshot_id, SnapshotStatus.FAILED, error=str(exc)[:2000])
+            raise
+        self._mark(snapshot_id, SnapshotStatus.READY, bundle_key=key, files=files, size_bytes=len(bundle))
+        return self._get(snapshot_id)
+
+    def _bundle(self, view: View, progress: Progress | None) -> tuple[bytes, int]:
+        """The tar + zstd bundle of the view's files (deterministic: same tree, same bytes)."""
+        self.packing.prefetch(view.root)
+        files = list(view.iter_files())
+        out = io.BytesIO()
+        with zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False) as z, \
+                tarfile.open(fileobj=z, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+            for i, chunk in enumerate(_chunks(files)):
+                contents = self.b.objects.get_many([st.digest for _, st in chunk])
+                for path, st in chunk:
+                    info = tarfile.TarInfo(path)
+                    info.size, info.mode, info.mtime = st.size, 0o755 if st.executable else 0o644, 0
+                    tar.addfile(info, io.BytesIO(contents[st.digest]))
+                if progress:
+                    progress(min((i + 1) * _CHUNK, len(files)), len(files))
+        return out.getvalue(), len(files)
+
+    # -- materialise ------------------------------------------------------------------------------
+    def materialize(self, project_id: str, dest_dir: str | os.PathLike[str], state: str = "draft",
+                    replace: bool = False, progress: Progress | None = None) -> Materialized:
+        dest = Path(dest_dir)
+        view, kind, source_id = self._resolve(project_id, state)
+        _prepare(dest, replace)
+        snap = self._usable(view, kind, source_id)
+        if snap is not None:
+            try:
+                raw = self.b.blobs.get(Digest(snap.bundle_key))
+                written = self._extract(raw, view, dest, progress)
+                return Materialized("snapshot", *written, view.root, snap.id)
+            except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError, tarfile.TarError) as exc:
+                self._mark(snap.id, SnapshotStatus.FAILED, error=f"unusable bundle: {exc}"[:2000])
+                _prepare(dest, replace=True)
+        written = self._rebuild(view, dest, progress)
+        return Materialized("rebuild", *written, view.root, None)
+
+    def _usable(self, view: View, kind: str, source_id: str) -> Snapshot | None:
+        """A ready snapshot of exactly this tree, if any; the draft's latest snapshot is marked stale
+        when the draft moved on from it."""
+        if view.overlay:
+            return None
+        with self.b.tx() as conn:
+            if kind == "draft":
+                latest = conn.execute(sa.select(S.c.id, S.c.root).select_from(D.join(S, S.c.id == D.c.snapshot_id))
+                                      .where(D.c.id == source_id, S.c.status == "ready")).first()
+                if latest is not None and latest.root != view.root:
+                    conn.execute(S.update().where(S.c.id == latest.id).values(status=SnapshotStatus.STALE))
+            row = conn.execute(sa.select(S).where(S.c.project_id == view.project_id, S.c.root == view.root,
+                                                  S.c.status == "ready", S.c.bundle_key.is_not(None))
+                               .order_by(S.c.created_at.desc()).limit(1)).first()
+        return None if row is None else snapshot_record(row)
+
+    def _extract(self, raw: bytes, view: View, dest: Path, progress: Progress | None) -> tuple[int, int]:
+        """Write the bundle's files, each checked against the tree (never a wrong tree)."""
+        expected = {path: st for path, st in view.iter_files()}
+        seen = 0
+        total = 0
+        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as z, \
+                tarfile.open(fileobj=z, mode="r|") as tar:
+            for member in tar:
+                path = normalize_path(member.name)
+                st = expected.get(path)
+                if not member.isreg() or st is None:
+                    raise E.IntegrityError(f"bundle member {member.name!r} is not in the tree")
+                data = tar.extractfile(member).read()  # type: ignore[union-attr]
+                if len(data) != st.size or digest_of(data) != st.digest:
+                    raise E.IntegrityError(f"bundle member {path!r} differs from the tree")
+                _write(dest, path, data, st.executable)
+                seen += 1
+                total += len(data)
+                if progress and seen % _CHUNK == 0:
+                    progress(seen, len(expected))
+        if seen != len(expected):
+            raise E.IntegrityError(f"bundle holds {seen} of the tree's {len(expected)} files")
+        if progress:
+            progress(seen, len(expected))
+        return seen, total
+
+    def _rebuild(self, view: View, dest: Path, progress: Progress | None) -> tuple[int, int]:
+        self.packing.prefetch(view.root)
+        files = list(view.iter_files())
+        total = 0
+        for i, chunk in enumerate(_chunks(files)):
+            contents = self.b.objects.get_many([st.digest for _, st in chunk])
+            for path, st in chunk:
+                _write(dest, path, contents[st.digest], st.executable)
+                total += st.size
+            if progress:
+                progress(min((i + 1) * _CHUNK, len(files)), len(files))
+        return len(files), total
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    for i in range(0, len(items), _CHUNK):
+        yield items[i:i + _CHUNK]
+
+
+def _prepare(dest: Path, replace: bool) -> None:
+    """An empty directory to write into; a non-empty one is cleared only with ``replace``."""
+    if dest.exists() and not dest.is_dir():
+        raise E.InvalidInput(f"{dest} exists and is not a directory", dest=str(dest))
+    dest.mkdir(parents=True, exist_ok=True)
+    entries = list(dest.iterdir())
+    if entries and not replace:
+        raise E.PathConflict(f"{dest} is not empty (materialize with replace=True to clear it)", dest=str(dest))
+    for entry in entries:  # links are removed, never followed
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+
+
+def _write(dest: Path, path: str, data: bytes, executable: bool) -> None:
+    target = dest.joinpath(*path.split("/"))
+    target.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755 if executable else 0o644)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(target, 0o755 if executable else 0o644)  # the umask must not change a file's mode
