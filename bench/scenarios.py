@@ -517,4 +517,7 @@ GROUPS: list[tuple[tuple[str, ...], Callable[[Context, set[str]], list[Result]]]
     (("search_10k",), search),
     (("diff_small",), diffs),
 ]
+from . import cold  # noqa: E402  (cold reads, real source, snapshots, imports)
+
+GROUPS.append((cold.NAMES, cold.group))
 NAMES = [name for names, _ in GROUPS for name in names]

@@ -65,6 +65,12 @@ class Backends:
         self.autocommit = engine if self.sqlite else create_db_engine(
             engine.url.render_as_string(hide_password=False), isolation_level="AUTOCOMMIT",
             pool_reset_on_return=None)
+        if not self.sqlite:
+            # connect the one-statement pool now, not on a request's first read
+            try:
+                self.autocommit.connect().close()
+            except sa_exc.SQLAlchemyError:
+                pass  # unreachable now: the first statement says so, typed
         self.events = EventPublisher(coord)
         self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
 

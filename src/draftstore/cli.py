@@ -127,16 +127,20 @@ def _progress() -> Progress:
 @_handle_errors
 def import_dir(directory: Path, name: str | None) -> None:
     """Create a project whose version 1 is the content of DIRECTORY."""
-    paths = [p for p in sorted(directory.rglob("*")) if p.is_file() and ".git" not in p.parts]
+    paths = [p for p in sorted(directory.rglob("*")) if p.is_file() and not p.is_symlink() and ".git" not in p.parts]
     files: dict[str, bytes] = {}
+    executable: list[str] = []
     with _progress() as progress:
         task = progress.add_task("reading files", total=len(paths))
         for p in paths:
-            files[p.relative_to(directory).as_posix()] = p.read_bytes()
+            rel = p.relative_to(directory).as_posix()
+            files[rel] = p.read_bytes()
+            if os.access(p, os.X_OK):
+                executable.append(rel)
             progress.advance(task)
     with _open() as store:
-        with console.status(f"storing {len(files)} files"):
-            project = store.create_project(name or directory.resolve().name, files=files)
+        with console.status(f"storing {len(files)} files in packs"):
+            project = store.create_project(name or directory.resolve().name, files=files, executable=executable)
     console.print(f"project {project.id} version {project.current_version_id} ({len(files)} files)")
 
 
@@ -256,6 +260,58 @@ def sweep() -> None:
     """Recovery sweep: reap turns whose worker died, release stuck publishes."""
     with _open() as store:
         console.print(store.sweep())
+
+
+# ----------------------------------------------------------------- snapshots, packs
+def _bar(description: str) -> tuple[Progress, Callable[[int, int], None]]:
+    progress = _progress()
+    task = progress.add_task(description, total=None)
+
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
+
+    return progress, update
+
+
+@main.command("snapshot")
+@click.argument("project_id", required=False)
+@click.option("--version", "version_id", help="a version id (default: head)")
+@click.option("--draft", is_flag=True, help="the draft (it must have no turn writing)")
+@click.option("--pending", is_flag=True, help="build the snapshots publish scheduled, and pack new versions")
+@_handle_errors
+def snapshot(project_id: str | None, version_id: str | None, draft: bool, pending: bool) -> None:
+    """Build a sandbox snapshot (tar + zstd bundle) of a project's head, a version or its draft."""
+    with _open() as store:
+        if pending:
+            done = store.run_background(limit=1000)
+            console.print(f"{done['snapshots_built']} snapshots built, {done['versions_packed']} versions packed")
+            return
+        if project_id is None:
+            raise click.UsageError("give a PROJECT_ID (or --pending)")
+        progress, update = _bar("bundling files")
+        with progress:
+            snap = store.create_snapshot(project_id, "draft" if draft else version_id or "head", progress=update)
+    console.print(f"snapshot {snap.id} {snap.status}: {snap.files} files, {snap.size_bytes} bytes "
+                  f"(bundle {snap.bundle_key})", highlight=False)
+
+
+@main.command("materialize")
+@click.argument("project_id")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--version", "version_id", help="a version id (default: the draft, else head)")
+@click.option("--head", is_flag=True, help="the head version, not the draft")
+@click.option("--replace", is_flag=True, help="clear DIRECTORY first if it is not empty")
+@_handle_errors
+def materialize(project_id: str, directory: Path, version_id: str | None, head: bool, replace: bool) -> None:
+    """Write a project state's exact files into DIRECTORY (from a snapshot when one matches)."""
+    with _open() as store:
+        progress, update = _bar("writing files")
+        with progress:
+            done = store.materialize(project_id, directory, version_id or ("head" if head else "draft"),
+                                     replace=replace, progress=update)
+    console.print(f"{done.files} files, {done.bytes} bytes written to {directory} "
+                  f"({'from snapshot ' + str(done.snapshot_id) if done.path == 'snapshot' else 'rebuilt from blobs'})",
+                  highlight=False)
 
 
 # ------------------------------------------------------------------------- service

@@ -64,6 +64,14 @@ class Covered:
     rows: tuple[Any, ...]
 
 
+def _insert_ignoring_duplicates(b: Backends) -> Any:
+    if b.sqlite:
+        from sqlalchemy.dialects.sqlite import insert
+    else:
+        from sqlalchemy.dialects.postgresql import insert
+    return lambda table: insert(table).on_conflict_do_nothing()
+
+
 class Packing:
     def __init__(self, b: Backends) -> None:
         self.b = b
@@ -175,12 +183,14 @@ class Packing:
             index_digest = self.b.blobs.put(idx)
             stored += len(idx)
         pack = self.b.blobs.put(raw)
+        # another process may write the same pack at the same time (same bytes, same digest): first one wins
+        insert = _insert_ignoring_duplicates(self.b)
         with self.b.tx() as conn:
-            conn.execute(PK.insert().values(digest=pack, tree=unit.tree, kind=unit.kind, part=unit.part,
-                                            objects=len(index), bytes=sum(n for _, _, n in index),
-                                            search_index=index_digest, created_at=utcnow()))
-            conn.execute(PO.insert(), [{"digest": d, "pack": pack, "offset": off, "length": n}
-                                       for d, off, n in index])
+            conn.execute(insert(PK).values(digest=pack, tree=unit.tree, kind=unit.kind, part=unit.part,
+                                           objects=len(index), bytes=sum(n for _, _, n in index),
+                                           search_index=index_digest, created_at=utcnow()))
+            conn.execute(insert(PO), [{"digest": d, "pack": pack, "offset": off, "length": n}
+                                      for d, off, n in index])
         stats.packs += 1
         stats.objects += len(index)
         stats.bytes += sum(n for _, _, n in index)
@@ -248,11 +258,20 @@ class Packing:
         self.b.objects.load_packs(packs)
         return len(packs)
 
-    def index(self, digest: str) -> SearchIndex:
-        """A search index object, decoded (cached in process: an index never changes)."""
-        key = "index:" + digest
-        idx = self.b.cache.get(key)
-        if idx is None:
-            idx = SearchIndex.decode(self.b.blobs.get(Digest(digest)))
-            self.b.cache.add(key, idx, idx.size)
-        return idx
+    def indexes(self, digests: Iterable[str]) -> dict[str, SearchIndex]:
+        """Search index objects, decoded; the ones not in memory are fetched in
+        parallel (an index never changes, so a decoded one is kept in the cache)."""
+        out: dict[str, SearchIndex] = {}
+        todo: list[Digest] = []
+        for d in dict.fromkeys(digests):
+            idx = self.b.cache.get("index:" + d)
+            if idx is None:
+                todo.append(Digest(d))
+            else:
+                out[d] = idx
+        for d, raw in (self.b.blobs.get_many(todo).items() if todo else ()):
+            idx = SearchIndex.decode(raw)
+            self.b.cache.add("index:" + d, idx, idx.size)
+            self.b.cache.discard(d)  # the raw bytes are not needed twice
+            out[d] = idx
+        return out

@@ -40,8 +40,8 @@ from .errors import BlobNotFound, ChecksumMismatch, IntegrityError
 
 __all__ = ["MAX_PACK_FILES", "MAX_PACK_BYTES", "MAX_PACKED_FILE", "encode_pack", "Pack", "PackedObjects"]
 
-MAX_PACK_FILES = 1000
-MAX_PACK_BYTES = 32 * 1024 * 1024
+MAX_PACK_FILES = 4000
+MAX_PACK_BYTES = 8 * 1024 * 1024
 MAX_PACKED_FILE = 1024 * 1024
 _MAGIC = b"DSPACK1\n"
 _LEVEL = 3  # zstd: fast to write, ~3-4x smaller for source code

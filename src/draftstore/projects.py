@@ -171,11 +171,20 @@ class Projects:
         with self.b.tx(read_only=True) as conn:
             rows = conn.execute(sa.select(V.c.id, V.c.code_manifest_key).where(V.c.packed_at.is_(None))
                                 .order_by(V.c.created_at).limit(limit)).all()
+        packed = 0
         for r in rows:
-            self.packing.write(Digest(r.code_manifest_key))
-            with self.b.tx() as conn:
-                conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
-        return len(rows)
+            try:  # one packer per version at a time, across processes
+                lock = self.b.coord.acquire(f"pack:{r.id}", ttl_s=600, timeout_s=0)
+            except E.LockTimeout:
+                continue
+            try:
+                self.packing.write(Digest(r.code_manifest_key))
+                with self.b.tx() as conn:
+                    conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
+                packed += 1
+            finally:
+                lock.release()
+        return packed
 
     def page(self, cursor: str | None, limit: int | None) -> Page[Project]:
         n = paging.limit(limit)

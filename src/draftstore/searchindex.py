@@ -10,8 +10,9 @@ case-insensitive searches; it can only add candidates, never lose one.
 Format (content-addressed like any object)::
 
     b"DSIDX1\\n" + zstd(8-byte header length + header JSON + trigrams + offsets + postings)
-    header: {"files": [[relative path, digest], ...], "n": trigram count}
-    trigrams: n x uint32 (sorted) | offsets: (n + 1) x uint32 | postings: uint32 file ordinals
+    header: {"files": [[relative path, digest], ...], "n": trigram count, "width": 2 or 4}
+    trigrams: n x uint32 (sorted) | offsets: (n + 1) x uint32 | postings: file ordinals
+    (uint16 while there are fewer than 65,536 files, else uint32)
 """
 
 from __future__ import annotations
@@ -65,9 +66,10 @@ def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
         keys = o = np.empty(0, dtype=np.uint32)
         starts = np.empty(0, dtype=np.int64)
     offsets = np.append(starts, len(o)).astype(np.uint32)
-    header = json.dumps({"files": listed, "n": int(len(keys))}, separators=(",", ":")).encode()
+    width = 2 if len(listed) < 65536 else 4
+    header = json.dumps({"files": listed, "n": int(len(keys)), "width": width}, separators=(",", ":")).encode()
     body = b"".join([len(header).to_bytes(8, "big"), header, keys.astype(np.uint32).tobytes(), offsets.tobytes(),
-                     o.astype(np.uint32).tobytes()])
+                     o.astype(np.uint16 if width == 2 else np.uint32).tobytes()])
     return _MAGIC + zstandard.ZstdCompressor(level=3).compress(body)
 
 
@@ -90,7 +92,8 @@ class SearchIndex:
             pos = 8 + n
             keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=pos)
             offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=pos + 4 * k)
-            postings = np.frombuffer(body, dtype=np.uint32, offset=pos + 8 * k + 4)
+            width = header.get("width", 4)
+            postings = np.frombuffer(body, dtype=np.uint16 if width == 2 else np.uint32, offset=pos + 8 * k + 4)
         except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"malformed search index: {exc}") from exc
         return cls([(p, d) for p, d in header["files"]], keys, offsets, postings)

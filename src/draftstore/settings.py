@@ -70,6 +70,9 @@ class Settings(BaseSettings):
     snapshot_on_publish: bool = Field(
         False, description="publish schedules a sandbox snapshot of the new version (built off the publish path)"
     )
+    background_interval_s: float = Field(
+        5.0, description="the service packs new versions and builds scheduled snapshots this often (0: never)"
+    )
     lock_timeout_s: float = Field(10.0, description="how long to wait for a coordinator lock")
     heartbeat_ttl_s: float = Field(
         60.0, description="a running turn whose heartbeat is older is reaped as interrupted"

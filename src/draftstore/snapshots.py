@@ -15,6 +15,7 @@ from __future__ import annotations
 import io
 import os
 import shutil
+from concurrent.futures import Future, ThreadPoolExecutor
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,10 +29,9 @@ from . import errors as E
 from . import validation as check
 from .backends import Backends
 from .db.tables import D, P, S, V, utcnow
-from .digest import Digest, digest_of
+from .digest import Digest
 from .ids import new_id
 from .packing import Packing
-from .paths import normalize_path
 from .records import Snapshot, SnapshotStatus, aware
 from .view import View
 
@@ -129,13 +129,20 @@ class Snapshots:
                                 .order_by(S.c.created_at).limit(limit)).all()
         built = 0
         for r in rows:
-            try:
-                view, _, _ = self._resolve(r.project_id, r.source_id)
-            except E.DraftstoreError as exc:
-                self._mark(r.id, SnapshotStatus.FAILED, error=str(exc))
+            try:  # one builder per snapshot at a time, across processes
+                lock = self.b.coord.acquire(f"snapshot:{r.id}", ttl_s=600, timeout_s=0)
+            except E.LockTimeout:
                 continue
-            if self._build(r.id, view, None).status == SnapshotStatus.READY:
-                built += 1
+            try:
+                if self._get(r.id).status != SnapshotStatus.PENDING:
+                    continue
+                view, _, _ = self._resolve(r.project_id, r.source_id)
+                if self._build(r.id, view, None).status == SnapshotStatus.READY:
+                    built += 1
+            except E.DraftstoreError as exc:  # recorded on the row; the next one is still built
+                self._mark(r.id, SnapshotStatus.FAILED, error=str(exc)[:2000])
+            finally:
+                lock.release()
         return built
 
     def _build(self, snapshot_id: str, view: View, progress: Progress | None) -> Snapshot:
@@ -167,11 +174,12 @@ class Snapshots:
 
     # -- materialise ------------------------------------------------------------------------------
     def materialize(self, project_id: str, dest_dir: str | os.PathLike[str], state: str = "draft",
-                    replace: bool = False, progress: Progress | None = None) -> Materialized:
+                    replace: bool = False, progress: Progress | None = None,
+                    use_snapshot: bool = True) -> Materialized:
         dest = Path(dest_dir)
         view, kind, source_id = self._resolve(project_id, state)
         _prepare(dest, replace)
-        snap = self._usable(view, kind, source_id)
+        snap = self._usable(view, kind, source_id) if use_snapshot else None
         if snap is not None:
             try:
                 raw = self.b.blobs.get(Digest(snap.bundle_key))
@@ -200,26 +208,25 @@ class Snapshots:
         return None if row is None else snapshot_record(row)
 
     def _extract(self, raw: bytes, view: View, dest: Path, progress: Progress | None) -> tuple[int, int]:
-        """Write the bundle's files, each checked against the tree (never a wrong tree)."""
+        """Write the bundle's files. The bundle is content-addressed (its digest was
+        verified as it was read) and was built from this very root; still, every
+        member must be a file of the tree with its size, and every file of the tree
+        must be in it, or the bundle is not used (never a wrong tree)."""
         expected = {path: st for path, st in view.iter_files()}
-        seen = 0
         total = 0
-        with zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as z, \
+        with _Writer(dest, expected) as writer, \
+                zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as z, \
                 tarfile.open(fileobj=z, mode="r|") as tar:
             for member in tar:
-                path = normalize_path(member.name)
-                st = expected.get(path)
-                if not member.isreg() or st is None:
-                    raise E.IntegrityError(f"bundle member {member.name!r} is not in the tree")
-                data = tar.extractfile(member).read()  # type: ignore[union-attr]
-                if len(data) != st.size or digest_of(data) != st.digest:
-                    raise E.IntegrityError(f"bundle member {path!r} differs from the tree")
-                _write(dest, path, data, st.executable)
-                seen += 1
-                total += len(data)
-                if progress and seen % _CHUNK == 0:
-                    progress(seen, len(expected))
-        if seen != len(expected):
+                st = expected.get(member.name)
+                if not member.isreg() or st is None or member.size != st.size:
+                    raise E.IntegrityError(f"bundle member {member.name[:200]!r} is not a file of the tree")
+                writer.write(member.name, tar.extractfile(member).read(), st.executable)  # type: ignore[union-attr]
+                total += member.size
+                if progress and writer.count % _CHUNK == 0:
+                    progress(writer.count, len(expected))
+            seen = writer.count
+        if seen != len(expected) or len(writer.written) != len(expected):
             raise E.IntegrityError(f"bundle holds {seen} of the tree's {len(expected)} files")
         if progress:
             progress(seen, len(expected))
@@ -229,13 +236,14 @@ class Snapshots:
         self.packing.prefetch(view.root)
         files = list(view.iter_files())
         total = 0
-        for i, chunk in enumerate(_chunks(files)):
-            contents = self.b.objects.get_many([st.digest for _, st in chunk])
-            for path, st in chunk:
-                _write(dest, path, contents[st.digest], st.executable)
-                total += st.size
-            if progress:
-                progress(min((i + 1) * _CHUNK, len(files)), len(files))
+        with _Writer(dest, dict(files)) as writer:
+            for i, chunk in enumerate(_chunks(files)):
+                contents = self.b.objects.get_many([st.digest for _, st in chunk])
+                for path, st in chunk:
+                    writer.write(path, contents[st.digest], st.executable)
+                    total += st.size
+                if progress:
+                    progress(min((i + 1) * _CHUNK, len(files)), len(files))
         return len(files), total
 
 
@@ -259,10 +267,55 @@ def _prepare(dest: Path, replace: bool) -> None:
             entry.unlink()
 
 
-def _write(dest: Path, path: str, data: bytes, executable: bool) -> None:
-    target = dest.joinpath(*path.split("/"))
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o755 if executable else 0o644)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-    os.chmod(target, 0o755 if executable else 0o644)  # the umask must not change a file's mode
+class _Writer:
+    """Writes files below ``dest`` on a few threads (file creation waits on the file
+    system; the GIL is released meanwhile). Directories are made once, up front."""
+
+    def __init__(self, dest: Path, files: dict[str, Any]) -> None:
+        self.dest = str(dest)
+        self.count = 0
+        self.written: set[str] = set()
+        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-materialize")
+        self._pending: list[Future[None]] = []
+        for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
+            os.makedirs(os.path.join(self.dest, d), exist_ok=True)
+
+    def write(self, path: str, data: bytes, executable: bool) -> None:
+        if path in self.written:
+            raise E.IntegrityError(f"{path!r} written twice")
+        self.written.add(path)
+        self.count += 1
+        self._pending.append(self._pool.submit(_write, os.path.join(self.dest, path), data, executable))
+        if len(self._pending) >= 512:
+            self._drain()
+
+    def _drain(self) -> None:
+        pending, self._pending = self._pending, []
+        for f in pending:
+            f.result()
+
+    def __enter__(self) -> "_Writer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if exc[0] is None:
+                self._drain()
+        finally:
+            self._pool.shutdown(wait=True)
+
+
+def _write(target: str, data: bytes, executable: bool) -> None:
+    mode = 0o755 if executable else 0o644
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    try:
+        _write_all(fd, data)
+        os.fchmod(fd, mode)  # the umask must not change a file's mode
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

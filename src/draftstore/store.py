@@ -427,12 +427,12 @@ class Store:
         return self._snapshots.list(project_id)
 
     def materialize(self, project_id: str, dest_dir: Any, state: str = "draft", *, replace: bool = False,
-                    progress: Any = None) -> Materialized:
+                    progress: Any = None, use_snapshot: bool = True) -> Materialized:
         """Write the exact files of ``state`` (``draft``: the draft, else head; ``head``; a version id)
         into ``dest_dir`` (executable bits kept; nothing outside it touched; a non-empty one is refused
         with ``path.conflict`` unless ``replace``). From a ready snapshot of that very tree, else rebuilt
-        from the blobs; the answer says which (``path``) with counts."""
-        return self._snapshots.materialize(project_id, dest_dir, state, replace, progress)
+        from the blobs (always, with ``use_snapshot=False``); the answer says which (``path``) with counts."""
+        return self._snapshots.materialize(project_id, dest_dir, state, replace, progress, use_snapshot)
 
     def run_background(self, limit: int = 10) -> dict[str, int]:
         """The work kept off request paths: write the packs of newly published versions, build

@@ -277,15 +277,15 @@ class View:
         if query is None:
             return None
         covered, _ = self._packing.covering(self.root, base)
+        indexes = self._packing.indexes(row.search_index for c in covered for row in c.rows if row.search_index)
         units: dict[str, tuple[str, dict[str, str], set[str]]] = {}
         for c in covered:
+            if any(not row.search_index for row in c.rows):
+                continue  # a part without an index: search that subtree file by file
             listed: dict[str, str] = {}
             hits: set[str] = set()
-            indexed = [row.search_index for row in c.rows if row.search_index]
-            if len(indexed) != len(c.rows):
-                continue  # a part without an index: search that subtree file by file
-            for digest in indexed:
-                idx = self._packing.index(digest)
+            for row in c.rows:
+                idx = indexes[row.search_index]
                 listed.update(idx.files)
                 hits |= idx.candidates(query)
             units[c.prefix] = (c.kind, listed, hits)

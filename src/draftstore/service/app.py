@@ -8,6 +8,7 @@ the store and maps its typed errors; no domain logic lives here.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -27,6 +28,15 @@ log = logging.getLogger("draftstore.service")
 MAX_BODY_BYTES = 256 * 1024 * 1024
 
 
+def _background(store: Store, stop: threading.Event) -> None:
+    """Off every request's path: pack newly published versions, build scheduled snapshots."""
+    while not stop.wait(store.settings.background_interval_s):
+        try:
+            store.run_background(limit=5)
+        except Exception:  # logged; the next round tries again
+            log.exception("background work failed")
+
+
 def create_app(store: Store | None = None) -> FastAPI:
     """The service app. Without ``store``, one is opened from the environment at
     startup and closed at shutdown."""
@@ -38,9 +48,17 @@ def create_app(store: Store | None = None) -> FastAPI:
         app.state.store = s
         app.state.auth = Authenticator(s)
         app.state.turn_projects = TurnProjects()
+        stop = threading.Event()
+        worker = None
+        if s.settings.background_interval_s > 0:
+            worker = threading.Thread(target=_background, args=(s, stop), name="draftstore-background", daemon=True)
+            worker.start()
         try:
             yield
         finally:
+            stop.set()
+            if worker is not None:
+                worker.join(timeout=30)
             if owned:
                 s.close()
 

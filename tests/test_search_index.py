@@ -1,0 +1,395 @@
+"""The trigram search index is only ever a filter: a search through it equals a full scan.
+
+- a property test on both stacks: random small corpora (random paths in a few
+  directories, text from a small alphabet so patterns hit, some binary files),
+  packed by ``create_project`` (with the pack limits drawn small too, so that
+  spines, ``files`` packs, multi-part packs and loose files all occur), searched
+  with random literals and regexes, with and without a glob, with small and
+  large caps; the same view with its index turned off (``view._packing = None``)
+  is the oracle. Then again on a draft whose overlay writes, modifies and
+  deletes files, and once more after the turn ends (sealed, partly packed);
+- unit tests of ``required_trigrams`` on tricky patterns: whatever the pattern,
+  a file that matches is never excluded by the index.
+"""
+
+from __future__ import annotations
+
+import re
+from contextlib import ExitStack
+from typing import Any
+from unittest import mock
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from draftstore import PatternInvalid, Store
+from draftstore import packing as packing_module
+from draftstore.digest import digest_of
+from draftstore.search import Searcher
+from draftstore.searchindex import SearchIndex, build_index, required_trigrams
+
+KELVIN = "\u212a"  # KELVIN SIGN: RE2 folds it with k and K
+LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
+
+
+# =====================================================================================
+# helpers
+# =====================================================================================
+def lines(result: Any) -> list[tuple[str, int, str]]:
+    return [(m.path, m.line_number, m.line) for m in result.matches]
+
+
+def scan_view(store: Store, project_id: str) -> Any:
+    """The newest state with its index turned off: every file is read (the oracle)."""
+    view = store.view(project_id)
+    view._packing = None
+    return view
+
+
+def outcome(view: Any, pattern: str, **kw: Any) -> tuple[str, Any]:
+    try:
+        res = view.search_code(pattern, **kw)
+    except PatternInvalid:
+        return ("pattern.invalid", None)
+    return ("ok", (lines(res), res.truncated))
+
+
+def index_admits(pattern: str, regex: bool, ignore_case: bool, text: bytes) -> bool:
+    """Would a one-file index holding ``text`` list that file as a candidate?"""
+    idx = SearchIndex.decode(build_index([("f", digest_of(text), text)]))
+    return "f" in idx.candidates(required_trigrams(pattern, regex, ignore_case))
+
+
+def matches(pattern: str, regex: bool, ignore_case: bool, text: bytes) -> bool:
+    res = Searcher(pattern, regex=regex, ignore_case=ignore_case).run([("f", lambda: text)])
+    return len(res.matches) > 0
+
+
+# =====================================================================================
+# the property: indexed search == full scan
+# =====================================================================================
+# File names and directory names are disjoint (no file/directory clash), and chosen
+# so that a directory "a" sorts next to files "a.b" and "a-c" (path order matters).
+DIRS = ["", "a/", "a/c/", "a-b/", "b/", "b/a/"]
+NAMES = ["a.b", "a-c", "x.txt", "k", "\u00c4.md", "f1", "z"]
+NEW_NAMES = ["n1", "n.txt", "a.b", "z"]
+# a small alphabet, mostly a and b, so that random patterns hit random files
+ALPHABET = "abk12 \u00e4\u00c4" + KELVIN + "."
+CHARS = st.sampled_from(list("aaaabbbbkk1 .") + ["\u00e4", "\u00c4", KELVIN])
+LITERAL_CHARS = st.sampled_from(list("aaabbbkkK1 ") + ["\u00e4", "\u00c4", KELVIN])
+
+texts = st.lists(st.text(alphabet=CHARS, max_size=20), min_size=0, max_size=8).map("\n".join)
+
+
+@st.composite
+def contents(draw: Any) -> bytes:
+    text = draw(texts)
+    kind = draw(st.sampled_from(["text", "text", "text", "crlf", "binary"]))
+    if kind == "crlf":
+        return text.replace("\n", "\r\n").encode() + b"\r\n"
+    if kind == "binary":
+        return b"\x00\x01" + text.encode()
+    return text.encode()
+
+
+corpora = st.dictionaries(
+    st.tuples(st.sampled_from(DIRS), st.sampled_from(NAMES)).map("".join), contents(), min_size=4, max_size=24)
+
+
+@st.composite
+def literal_atoms(draw: Any) -> str:
+    return draw(st.text(alphabet=LITERAL_CHARS, min_size=1, max_size=4))
+
+
+@st.composite
+def regexes(draw: Any) -> str:
+    atoms = draw(st.lists(st.one_of(
+        literal_atoms(),
+        st.just("."), st.just(r"\d"), st.just("[ab]"),
+        st.sampled_from("abk12").map(lambda c: c + "+"),
+        st.tuples(literal_atoms(), literal_atoms()).map(lambda t: f"({t[0]}|{t[1]})"),
+        literal_atoms().map(lambda s: f"({s})?"),
+        st.sampled_from("ab").map(lambda c: c + "{0,2}"),
+    ), min_size=1, max_size=4))
+    body = "".join(atoms)
+    if draw(st.booleans()):
+        body = "^" + body
+    if draw(st.booleans()):
+        body = body + "$"
+    if draw(st.integers(0, 4)) == 0:
+        body = "(?i)" + body
+    return body
+
+
+@st.composite
+def queries(draw: Any) -> dict[str, Any]:
+    regex = draw(st.booleans())
+    if regex:
+        pattern = draw(regexes())
+    else:
+        # mostly long enough to carry a trigram (so the index is used), sometimes not
+        pattern = draw(st.text(alphabet=LITERAL_CHARS, min_size=1, max_size=4))
+    return {
+        "pattern": pattern,
+        "regex": regex,
+        "ignore_case": draw(st.booleans()),
+        "max_results": draw(st.sampled_from([1, 2, 3, 1000])),
+        "glob": draw(st.sampled_from([None, None, "a/**", "**/*.txt", "b/**", "*", "a/c/**"])),
+    }
+
+
+# (MAX_PACK_FILES, MAX_PACK_BYTES, MAX_PACKED_FILE): the production limits, and small
+# ones under which even a tiny corpus gets a spine, files packs, parts and loose files.
+# (Small pack roots are never combined with loose files here: a files pack whose files
+# are all loose crashes the import, a bug pinned by test_packs.py on its own.)
+LIMITS = [(packing_module.MAX_PACK_FILES, packing_module.MAX_PACK_BYTES, packing_module.MAX_PACKED_FILE),
+          (2, 60, 1 << 20), (1, 1 << 25, 1 << 20), (3, 40, 1 << 20), (10_000, 1 << 25, 24)]
+
+
+def pack_limits(limits: tuple[int, int, int]) -> ExitStack:
+    files, size, loose = limits
+    stack = ExitStack()
+    stack.enter_context(mock.patch.object(packing_module, "MAX_PACK_FILES", files))
+    stack.enter_context(mock.patch.object(packing_module, "MAX_PACK_BYTES", size))
+    stack.enter_context(mock.patch.object(packing_module, "MAX_PACKED_FILE", loose))
+    return stack
+
+
+def assert_same_as_scan(store: Store, project_id: str, qs: list[dict[str, Any]], where: str) -> None:
+    indexed_view = store.view(project_id)
+    oracle = scan_view(store, project_id)
+    assert indexed_view.root == oracle.root and dict(indexed_view.overlay) == dict(oracle.overlay)
+    for q in qs:
+        kw = {k: v for k, v in q.items() if k != "pattern"}
+        got = outcome(indexed_view, q["pattern"], **kw)
+        want = outcome(oracle, q["pattern"], **kw)
+        assert got == want, f"{where}: indexed search differs from a full scan for {q!r}"
+
+
+@settings(max_examples=40, deadline=None, derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(
+    corpus=corpora,
+    limits=st.sampled_from(LIMITS),
+    qs=st.lists(queries(), min_size=6, max_size=10),
+    edits=st.dictionaries(
+        st.tuples(st.sampled_from(DIRS), st.sampled_from(NEW_NAMES)).map("".join),
+        st.one_of(st.none(), contents()), max_size=6),
+    deletions=st.sets(st.integers(0, 30), max_size=4),
+)
+def test_indexed_search_equals_a_full_scan(store: Store, corpus: dict[str, bytes], limits: tuple[int, int, int],
+                                           qs: list[dict[str, Any]], edits: dict[str, bytes | None],
+                                           deletions: set[int]) -> None:
+    with pack_limits(limits):
+        p = store.create_project("prop", files=corpus)
+    # the version: every subtree packed and indexed
+    assert_same_as_scan(store, p.id, qs, "version")
+
+    # a draft whose overlay adds, modifies and deletes files (turn still running)
+    existing = sorted(corpus)
+    changes: dict[str, bytes | None] = {path: data for path, data in edits.items()
+                                        if data is not None or path in corpus}
+    for i in deletions:
+        if i < len(existing):
+            changes[existing[i]] = None
+    t = store.start_turn(p.id, "edit")
+    if changes:
+        store.apply_changes(t.id, changes)
+    assert_same_as_scan(store, p.id, qs, "draft with overlay")
+    view = store.view(p.id)
+    deleted = {path for path, v in changes.items() if v is None}
+    for q in qs:
+        try:
+            res = view.search_code(q["pattern"], regex=q["regex"], ignore_case=q["ignore_case"], max_results=1000)
+        except PatternInvalid:
+            continue
+        assert not deleted & {m.path for m in res.matches}, "a deleted file was reported"
+
+    # sealed: the draft's new subtrees have no packs, the unchanged ones keep theirs
+    store.complete_turn(t.id, "done")
+    assert_same_as_scan(store, p.id, qs, "sealed draft")
+
+
+# =====================================================================================
+# deterministic cases the property covers, pinned so each failure names one cause
+# =====================================================================================
+def test_the_index_is_used_and_narrows_the_files_read(store: Store) -> None:
+    files = {f"d{i}/f{j}.txt": f"line {i}-{j}\n".encode() for i in range(5) for j in range(20)}
+    files["d3/f7.txt"] = b"line needle here\n"
+    p = store.create_project("narrow", files=files)
+    res = store.view(p.id).search_code("needle")
+    assert lines(res) == [("d3/f7.txt", 1, "line needle here")]
+    assert res.files_searched < 10  # the index named one candidate; a scan reads 100 files
+    assert scan_view(store, p.id).search_code("needle").files_searched == 100
+
+
+def test_results_come_in_the_same_path_order_with_and_without_the_index(store: Store) -> None:
+    # a directory "a" and files "a-c", "a.b" beside it: '-' and '.' sort before '/'
+    files = {"a/x.txt": b"hit\n", "a.b": b"hit\n", "a-c": b"hit\n", "b/a/y": b"hit\n", "b/a.z": b"hit\n"}
+    p = store.create_project("order", files=files)
+    indexed = store.view(p.id).search_code("hit")
+    scanned = scan_view(store, p.id).search_code("hit")
+    assert lines(indexed) == lines(scanned)
+    first = store.view(p.id).search_code("hit", max_results=1)
+    assert lines(first) == lines(scan_view(store, p.id).search_code("hit", max_results=1))
+
+
+@pytest.mark.parametrize("pattern,regex,text", [
+    ("kelvin", False, KELVIN.encode() + b"elvin"),
+    ("KELVIN", False, KELVIN.encode() + b"ELVIN"),
+    ("(?i)kelvin", True, KELVIN.encode() + b"elvin"),
+    ("mass", False, b"ma" + LONG_S.encode() + b"s"),
+])
+def test_ignore_case_never_loses_a_file_whose_letters_fold_outside_ascii(store: Store, pattern: str, regex: bool,
+                                                                         text: bytes) -> None:
+    """RE2 folds case Unicode-wide: k ~ K ~ U+212A, s ~ S ~ U+017F."""
+    p = store.create_project("fold", files={"f.txt": text + b"\n", "other.txt": b"nothing\n"})
+    scanned = scan_view(store, p.id).search_code(pattern, regex=regex, ignore_case=True)
+    assert [m.path for m in scanned] == ["f.txt"]  # RE2 matches it ...
+    indexed = store.view(p.id).search_code(pattern, regex=regex, ignore_case=True)
+    assert lines(indexed) == lines(scanned)  # ... so the index must not drop it
+
+
+def test_posix_classes_never_lose_a_file(store: Store) -> None:
+    p = store.create_project("posix", files={"f.txt": b"7ab\n", "g.txt": b"]ab\n"})
+    for pattern in ("[[:digit:]]ab", "[[:alnum:]]ab", "x?[[:digit:]]abc?"):
+        scanned = scan_view(store, p.id).search_code(pattern, regex=True)
+        assert [m.path for m in scanned] == ["f.txt"], pattern
+        assert lines(store.view(p.id).search_code(pattern, regex=True)) == lines(scanned), pattern
+
+
+def test_an_overlay_is_searched_and_its_deletions_never_reported(store: Store) -> None:
+    files = {f"src/m{i}.py": f"value = {i}\n".encode() for i in range(30)}
+    p = store.create_project("overlay", files=files)
+    t = store.start_turn(p.id, "edit")
+    store.apply_changes(t.id, {"src/m3.py": None, "src/m4.py": b"value = forty\n", "src/new.py": b"value = new\n",
+                               "top.py": b"value = top\n"})
+    view = store.view(p.id)
+    res = view.search_code("value = ", max_results=1000)
+    paths = [m.path for m in res]
+    assert "src/m3.py" not in paths and "src/new.py" in paths and "top.py" in paths
+    assert ("src/m4.py", 1, "value = forty") in lines(res)
+    assert lines(res) == lines(scan_view(store, p.id).search_code("value = ", max_results=1000))
+    assert lines(view.search_code("value = 3")) == []  # only m3 held it, and it is deleted
+    assert lines(view.search_code("value = 4")) == []  # m4 was rewritten
+    assert lines(view.search_code("forty")) == [("src/m4.py", 1, "value = forty")]
+    assert lines(view.search_code("value = 2", max_results=100)) == [
+        (f"src/m{i}.py", 1, f"value = {i}") for i in [2] + list(range(20, 30))]
+
+
+# =====================================================================================
+# required_trigrams: conservative on every construct
+# =====================================================================================
+NEVER_EXCLUDED = [
+    # (pattern, regex, ignore_case, a text the pattern matches)
+    ("hello", False, False, b"say hello"),
+    ("abc|xyz", True, False, b"--xyz--"),
+    ("(abc|xyz)def", True, False, b"xyzdef"),
+    ("(?:abc|abd)ef", True, False, b"abdef"),
+    ("(abc)?def", True, False, b"def"),
+    ("x(abc)?y", True, False, b"xy"),
+    ("a{0,2}bcd", True, False, b"bcd"),
+    ("(abc){0,1}", True, False, b"zzz"),
+    ("(abc)*def", True, False, b"def"),
+    ("(abc)+def", True, False, b"abcabcdef"),
+    ("ab(cd)?ef", True, False, b"abef"),
+    ("abc|", True, False, b"anything"),
+    ("|abc", True, False, b"anything"),
+    (r"abc\.def", True, False, b"abc.def"),
+    (r"\x41BC", True, False, b"ABC"),
+    (r"\101BC", True, False, b"ABC"),
+    (r"a\tb\tc", True, False, b"a\tb\tc"),
+    (r"a\-b\-c", True, False, b"a-b-c"),
+    (r"\babc\b", True, False, b"x abc y"),
+    ("abc$", True, False, b"xabc\r\n"),
+    ("^abc", True, False, b"abcdef"),
+    ("ab[c]de", True, False, b"abcde"),
+    ("ab[cC]de", True, False, b"abCde"),
+    (r"ab\d+cd", True, False, b"ab123cd"),
+    ("((abc))", True, False, b"abc"),
+    ("(?P<n>abc)d", True, False, b"abcd"),
+    (r"\pLabc", True, False, b"xabc"),  # RE2-only syntax
+    (r"\Qa.b\E", True, False, b"a.b"),  # RE2-only syntax
+    (r"abc\z", True, False, b"abc"),  # RE2-only syntax
+    ("a.c", True, False, b"a\xc3\xa4c"),
+    ("(?s)a.c", True, False, b"abc"),
+    ("(?i)ABC", True, False, b"abc"),
+    ("(?i:ABC)d", True, False, b"abcd"),
+    ("ABC", False, True, b"abc"),
+    ("abc", False, True, b"ABC"),
+    ("aBc", True, True, b"AbC"),
+    # non-ASCII letters and case
+    ("\u00c4rger", False, True, "\u00e4rger".encode()),
+    ("\u00e4rger", False, True, "\u00c4RGER".encode()),
+    ("\u00c4RGER", False, True, "\u00e4rger".encode()),
+    ("(?i)\u00e4rger", True, False, "\u00c4rger".encode()),
+    ("\u00c4rger", False, False, "\u00c4rger".encode()),
+    ("\u00e9t\u00e9", False, True, "\u00c9T\u00c9".encode()),
+    ("\u03a3\u03bf\u03c6", False, True, "\u03c3\u039f\u03a6".encode()),
+    ("stra\u00dfe", False, True, "STRA\u00dfE".encode()),
+    ("\U0001F600ab", False, False, "x\U0001F600ab".encode()),
+    ("\U0001F600ab", True, True, "x\U0001F600AB".encode()),
+    # letters RE2 folds across the ASCII boundary
+    ("kab", False, True, KELVIN.encode() + b"ab"),
+    ("(?i)kab", True, False, KELVIN.encode() + b"ab"),
+    ("sab", False, True, LONG_S.encode() + b"ab"),
+    ("[k]ab", True, True, KELVIN.encode() + b"ab"),
+    # POSIX classes (RE2) that Python's parser reads as a set followed by a literal "]"
+    ("[[:digit:]]ab", True, False, b"1ab"),
+    ("[[:alpha:]]bcd", True, False, b"xbcd"),
+    ("[[:^space:]]xy", True, False, b"qxy"),
+]
+
+
+@pytest.mark.parametrize("pattern,regex,ignore_case,text", NEVER_EXCLUDED,
+                         ids=[repr(c[0]) + ("/i" if c[2] else "") for c in NEVER_EXCLUDED])
+def test_required_trigrams_never_exclude_a_matching_file(pattern: str, regex: bool, ignore_case: bool,
+                                                         text: bytes) -> None:
+    assert matches(pattern, regex, ignore_case, text), "the case is wrong: RE2 does not match it"
+    assert index_admits(pattern, regex, ignore_case, text), required_trigrams(pattern, regex, ignore_case)
+
+
+def test_required_trigrams_still_narrow() -> None:
+    """Conservative, not useless: plain literals and alternations do filter."""
+    def gram(s: str) -> int:
+        b = s.encode()
+        return (b[0] << 16) | (b[1] << 8) | b[2]
+
+    assert required_trigrams("hello", False) == [frozenset({gram("hel"), gram("ell"), gram("llo")})]
+    assert required_trigrams("HeLLo", False, ignore_case=True) == required_trigrams("hello", False)
+    alts = required_trigrams("abc|xyz", True)
+    assert alts is not None and sorted(map(sorted, alts)) == [[gram("abc")], [gram("xyz")]]
+    assert required_trigrams("ab", False) is None  # too short to be certain of anything
+    assert required_trigrams("a.c", True) is None
+    assert required_trigrams("(abc)?", True) is None
+    assert not index_admits("abc|xyz", True, False, b"nothing here")
+    assert not index_admits("hello", False, True, b"HELP LO")
+    # case-insensitive non-ASCII: the ASCII trigrams are still required
+    q = required_trigrams("\u00c4rger", False, ignore_case=True)
+    assert q is not None and gram("rge") in q[0] and gram("ger") in q[0]
+    assert not index_admits("\u00c4rger", False, True, b"nothing")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(pattern=regexes(), ignore_case=st.booleans(),
+       text=st.text(alphabet=ALPHABET + "\n", max_size=40))
+def test_required_trigrams_property(pattern: str, ignore_case: bool, text: str) -> None:
+    """Pure and fast: on random regexes and texts, a text RE2 matches is always a candidate."""
+    data = text.encode()
+    try:
+        hit = matches(pattern, True, ignore_case, data)
+    except PatternInvalid:
+        return
+    if hit:
+        assert index_admits(pattern, True, ignore_case, data), (pattern, ignore_case, text,
+                                                                required_trigrams(pattern, True, ignore_case))
+
+
+def test_literal_patterns_are_never_parsed_as_regexes() -> None:
+    # a literal full of metacharacters: its own trigrams, nothing else
+    pattern = "a(b|c)*d[e]"
+    text = b"xx a(b|c)*d[e] yy"
+    assert matches(pattern, False, False, text) and index_admits(pattern, False, False, text)
+    assert re.escape(pattern) != pattern
