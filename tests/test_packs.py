@@ -184,12 +184,12 @@ def test_import_writes_packs_not_one_object_per_file(store: Store, store_factory
     assert {Digest(r.digest) for r in rows} <= objects
     assert all(r.search_index and Digest(r.search_index) in objects for r in rows if r.kind != "spine")
     # offsets are exact: each object sits where its row says, in a pack that decodes
-    some = {r.pack: Pack.decode(r.pack, store.blobs.get(Digest(r.pack))) for r in placed[:1]}
+    decoded = {r.digest: Pack.decode(r.digest, store.blobs.get(Digest(r.digest))) for r in rows}
     for r in placed:
-        if r.pack in some:
-            pack = some[r.pack]
-            assert pack.objects[r.digest] == (r.offset, r.length)
-            assert digest_of(pack.take(r.digest)) == r.digest
+        pack = decoded[r.pack]
+        assert pack.objects[r.digest] == (r.offset, r.length)
+        assert digest_of(pack.take(r.digest)) == r.digest
+    assert sum(len(p.objects) for p in decoded.values()) == len(placed)
 
     # a fresh store (cold caches): every file byte-exact, modes kept
     cold = store_factory()
@@ -450,3 +450,40 @@ def test_two_background_workers_at_once_pack_each_version_once(store: Store, sto
     digests = [r.digest for r in packs_in_store(store)]
     assert len(digests) == len(set(digests))
     assert hashlib.sha256(view.read_file("assets/big.bin")).hexdigest() == digest_of(files["assets/big.bin"])
+
+
+def test_a_multi_part_subtree_stays_fully_searchable_after_a_change_in_its_first_part(store: Store,
+                                                                                       store_factory: Any) -> None:
+    """A later part whose files did not change has the same bytes (and digest) as the old
+    version's part; the new version's subtree must still cover it, or its files go unsearched."""
+    size = packing_module.MAX_PACKED_FILE - 100  # as large as a packed file gets
+    count = packing_module.MAX_PACK_BYTES // size + 2  # two parts at least
+    lines_per = size // 32
+
+    def text(i: int, tag: str) -> bytes:
+        body = b"".join(b"%s line %08d of file %03d\n" % (tag.encode(), n, i) for n in range(lines_per))
+        return body[:size]
+
+    files = {f"data/f{i:03d}.txt": text(i, f"MARK{i:03d}") for i in range(count)}
+    files["README.md"] = b"readme\n"
+    p = store.create_project("parts-change", files=files)
+    last = f"data/f{count - 1:03d}.txt"
+    assert [m.path for m in store.view(p.id).search_code(f"MARK{count - 1:03d} line 00000007")] == [last]
+
+    t = store.start_turn(p.id, "change the first file")
+    store.write_file(t.id, "data/f000.txt", text(0, "EDIT000"))
+    store.complete_turn(t.id, "ok")
+    v2 = store.publish(p.id, "v2")
+    store.run_background()
+    cold = store_factory()
+    view = cold.view_at(p.id, v2.id)
+    v1_parts = [r for r in packs_in_store(cold) if r.tree == store.get_version(p.current_version_id).root]
+    parts = [r for r in packs_in_store(cold) if r.tree == view.root]
+    assert len(v1_parts) >= 2
+    oracle = cold.view_at(p.id, v2.id)
+    oracle._packing = None
+    assert [m.path for m in oracle.search_code(f"MARK{count - 1:03d} line 00000007")] == [last]
+    hit = view.search_code(f"MARK{count - 1:03d} line 00000007")
+    assert [m.path for m in hit] == [last], f"packs covering the new root: {[(r.kind, r.part) for r in parts]}"
+    assert [m.path for m in view.search_code("EDIT000 line 00000001")] == ["data/f000.txt"]
+    assert sorted(r.part for r in parts) == sorted(r.part for r in v1_parts)

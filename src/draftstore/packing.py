@@ -16,6 +16,7 @@ only after every object they name is stored.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,7 @@ from .trees import Entry, encode_tree
 __all__ = ["Packing", "PackStats", "Covered"]
 
 _CHUNK = 500  # digests per IN (...) lookup
+_RECHECK_S = 30.0
 
 
 @dataclass
@@ -99,13 +101,13 @@ class Packing:
 
     # -- planning ------------------------------------------------------------------------
     def plan(self, root: Digest, nodes: Mapping[str, dict[str, Entry]] | None = None) -> list[_Unit]:
-        """The packs of the tree ``root``. ``nodes``: decoded tree nodes not stored yet (an import's)."""
+        """The packs of the tree ``root`` that do not exist yet. ``nodes``: decoded
+        tree nodes not stored yet (an import's). Walks level by level and never
+        descends into a subtree that is packed already (a one-file change reads
+        the nodes on its path, not the whole tree)."""
         load = (lambda d: nodes[d] if nodes is not None and d in nodes else self.b.trees.load(d))
         units: list[_Unit] = []
         spine: list[Digest] = []
-
-        def files_below(node: dict[str, Entry]) -> int:
-            return sum(e.size if e.is_dir else 1 for e in node.values())
 
         def collect(d: Digest, rel: str, unit_nodes: list[Digest], files: list[tuple[str, Entry]]) -> None:
             unit_nodes.append(d)
@@ -128,24 +130,27 @@ class Packing:
                 unit.files.append((rel, e))
                 unit.bytes += e.size
 
-        def visit(d: Digest, prefix: str) -> None:
-            node = load(d)
-            if files_below(node) <= MAX_PACK_FILES:
-                unit_nodes: list[Digest] = []
-                files: list[tuple[str, Entry]] = []
-                collect(d, "", unit_nodes, files)
-                split(d, "tree", prefix, unit_nodes, files)
-                return
-            spine.append(d)
-            direct = [(name, e) for name, e in sorted(node.items()) if not e.is_dir]
-            if direct:
-                split(d, "files", prefix, [], direct)
-            for name, e in sorted(node.items()):
-                if e.is_dir:
-                    visit(e.digest, f"{prefix}{name}/")
-
-        visit(root, "")
-        if spine:
+        frontier = [(root, "")]
+        while frontier:
+            have = {(d, r.kind) for d, rows in self._rows_for(d for d, _ in frontier).items() for r in rows}
+            nxt: list[tuple[Digest, str]] = []
+            for d, prefix in frontier:
+                if (d, "tree") in have:
+                    continue
+                node = load(d)
+                if sum(e.size if e.is_dir else 1 for e in node.values()) <= MAX_PACK_FILES:
+                    unit_nodes: list[Digest] = []
+                    files: list[tuple[str, Entry]] = []
+                    collect(d, "", unit_nodes, files)
+                    split(d, "tree", prefix, unit_nodes, files)
+                    continue
+                spine.append(d)
+                direct = [(name, e) for name, e in sorted(node.items()) if not e.is_dir]
+                if direct and (d, "files") not in have:
+                    split(d, "files", prefix, [], direct)
+                nxt += [(e.digest, f"{prefix}{name}/") for name, e in sorted(node.items()) if e.is_dir]
+            frontier = nxt
+        if spine and not any(r.kind == "spine" for r in self._rows_for([root]).get(root, [])):
             units.append(_Unit(root, "spine", 0, "", spine))
         return units
 
@@ -156,11 +161,8 @@ class Packing:
         large for a pack, on their own). ``nodes``/``blobs``: content not stored
         anywhere yet (an import); everything else is read through the store."""
         decoded = {d: entries for d, (_, entries) in (nodes or {}).items()}
-        units = self.plan(root, decoded)
-        existing = self._rows_for(u.tree for u in units)
-        todo = [u for u in units if not any(r.kind == u.kind for r in existing.get(u.tree, ()))]
         stats = PackStats()
-        for unit in todo:
+        for unit in self.plan(root, decoded):
             self._write_unit(unit, nodes or {}, blobs or {}, stats)
         return stats
 
@@ -189,8 +191,9 @@ class Packing:
             conn.execute(insert(PK).values(digest=pack, tree=unit.tree, kind=unit.kind, part=unit.part,
                                            objects=len(index), bytes=sum(n for _, _, n in index),
                                            search_index=index_digest, created_at=utcnow()))
-            conn.execute(insert(PO), [{"digest": d, "pack": pack, "offset": off, "length": n}
-                                      for d, off, n in index])
+            if index:  # a files pack of large files only holds none: its index is what it is for
+                conn.execute(insert(PO), [{"digest": d, "pack": pack, "offset": off, "length": n}
+                                          for d, off, n in index])
         stats.packs += 1
         stats.objects += len(index)
         stats.bytes += sum(n for _, _, n in index)
@@ -217,8 +220,8 @@ class Packing:
         covers. Loads spine packs (small) and unpacked nodes; never a tree pack."""
         key = f"covering:{root}:{under}"
         cached = self.b.cache.get(key)
-        if cached is not None:
-            return cached
+        if cached is not None and (not cached[1] or time.monotonic() - cached[2] < _RECHECK_S):
+            return cached[0], cached[1]
         start = self.b.trees.dir_digest(root, under) if under else root
         if start is None:
             return [], []
@@ -246,8 +249,9 @@ class Packing:
                     if e.is_dir:
                         nxt.append((e.digest, f"{prefix}{name}/"))
             frontier = nxt
-        # a tree never changes; packs written later only go unseen by this cached answer
-        self.b.cache.add(key, (covered, uncovered), 200 + 300 * (len(covered) + len(uncovered)))
+        # a tree never changes; an answer with unpacked parts is asked again after
+        # _RECHECK_S, so packs the background job writes meanwhile are found
+        self.b.cache.add(key, (covered, uncovered, time.monotonic()), 200 + 300 * (len(covered) + len(uncovered)))
         return covered, uncovered
 
     def prefetch(self, root: Digest, under: str = "") -> int:

@@ -7,6 +7,7 @@ in the same transaction that moves it.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from datetime import datetime
 from types import SimpleNamespace
@@ -26,6 +27,9 @@ from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
 from .packing import Packing
 
 __all__ = ["Projects", "project_record", "version_record"]
+
+log = logging.getLogger("draftstore")
+_PACK_ATTEMPTS = 5
 
 
 def project_record(r: Any) -> Project:
@@ -167,21 +171,28 @@ class Projects:
 
     def pack_pending(self, limit: int = 10) -> int:
         """Write the packs of up to ``limit`` versions that have none yet (published
-        since); returns how many versions were packed. Off every request's path."""
+        since); returns how many versions were packed. Off every request's path.
+        A version that fails is logged and tried again later, at most
+        ``_PACK_ATTEMPTS`` times; it never keeps the others waiting."""
         with self.b.tx(read_only=True) as conn:
-            rows = conn.execute(sa.select(V.c.id, V.c.code_manifest_key).where(V.c.packed_at.is_(None))
-                                .order_by(V.c.created_at).limit(limit)).all()
+            rows = conn.execute(sa.select(V.c.id, V.c.code_manifest_key)
+                                .where(V.c.packed_at.is_(None), V.c.pack_attempts < _PACK_ATTEMPTS)
+                                .order_by(V.c.pack_attempts, V.c.created_at).limit(limit)).all()
         packed = 0
         for r in rows:
             try:  # one packer per version at a time, across processes
                 lock = self.b.coord.acquire(f"pack:{r.id}", ttl_s=600, timeout_s=0)
-            except E.LockTimeout:
+            except E.DraftstoreError:
                 continue
             try:
                 self.packing.write(Digest(r.code_manifest_key))
                 with self.b.tx() as conn:
                     conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
                 packed += 1
+            except E.DraftstoreError as exc:
+                log.warning("packing version %s failed (attempt left for later): %s", r.id, exc)
+                with self.b.tx() as conn:
+                    conn.execute(V.update().where(V.c.id == r.id).values(pack_attempts=V.c.pack_attempts + 1))
             finally:
                 lock.release()
         return packed

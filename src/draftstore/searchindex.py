@@ -131,13 +131,17 @@ class SearchIndex:
 
 
 # -- which trigrams every match contains -------------------------------------------------------
-def _grams(text: str, ascii_only: bool) -> frozenset[int] | None:
-    # lowercased exactly as the index is (bytes.lower(): ASCII letters only); a
-    # case-insensitive search may match other byte spellings of a non-ASCII
-    # letter, so its trigrams holding a non-ASCII byte are not required
+# letters a case-insensitive match may spell with bytes the lowercased index does
+# not hold: any non-ASCII byte, and k and s (RE2 folds them with the Kelvin sign
+# U+212A and the long s U+017F)
+_FOLDS_BEYOND_ASCII = frozenset(b"ks")
+
+
+def _grams(text: str, ignore_case: bool) -> frozenset[int] | None:
+    # lowercased exactly as the index is (bytes.lower(): ASCII letters only)
     data = text.encode("utf-8").lower()
     grams = frozenset((data[i] << 16) | (data[i + 1] << 8) | data[i + 2] for i in range(len(data) - 2)
-                      if not ascii_only or max(data[i:i + 3]) < 0x80)
+                      if not ignore_case or all(b < 0x80 and b not in _FOLDS_BEYOND_ASCII for b in data[i:i + 3]))
     return grams or None
 
 
@@ -148,6 +152,8 @@ def required_trigrams(pattern: str, regex: bool, ignore_case: bool = False) -> Q
     if not regex:
         g = _grams(pattern, ignore_case)
         return None if g is None else [g]
+    if "[:" in pattern or "\\Q" in pattern:
+        return None  # RE2 syntax Python's parser would misread as literals ([[:digit:]], \Q...\E)
     try:
         parsed = sre_parse.parse(pattern)
     except (sre_constants.error, re.error, RecursionError, OverflowError, ValueError, TypeError):

@@ -437,8 +437,8 @@ class Store:
     def run_background(self, limit: int = 10) -> dict[str, int]:
         """The work kept off request paths: write the packs of newly published versions, build
         pending snapshots. Safe to run from many processes. Returns counts."""
-        return {"versions_packed": self._projects.pack_pending(limit),
-                "snapshots_built": self._snapshots.build_pending(limit)}
+        packed = self._projects.pack_pending(limit)  # a failing version is logged and skipped
+        return {"versions_packed": packed, "snapshots_built": self._snapshots.build_pending(limit)}
 
     # ----------------------------------------------------------------- recovery
     def sweep(self) -> dict[str, int]:

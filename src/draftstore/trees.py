@@ -149,9 +149,10 @@ class TreeReader:
         return entry.digest if entry is not None and entry.is_dir else None
 
     def walk(self, root: Digest, prefix: str = "") -> Iterator[tuple[str, Entry]]:
-        """Every file under tree ``root`` as (path, entry), sorted by path."""
+        """Every file under tree ``root`` as (path, entry), sorted by the whole path
+        string (so ``a-b`` and ``a.b`` come before ``a/x``, as in a sorted path list)."""
         node = self.load(root)
-        for name in sorted(node):
+        for name in sorted(node, key=lambda n: n + "/" if node[n].is_dir else n):
             entry = node[name]
             path = f"{prefix}{name}"
             if entry.is_dir:

@@ -91,6 +91,7 @@ class VersionRow(SQLModel, table=True):
     created_by: str | None = Field(default=None, max_length=NAME)
     created_at: datetime = Field(sa_column=_ts())
     packed_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))  # NULL: packs not written yet
+    pack_attempts: int = 0  # failed packing attempts (the background job backs off after a few)
 
 
 class DraftRow(SQLModel, table=True):
@@ -221,14 +222,18 @@ class SnapshotRow(SQLModel, table=True):
 
 
 class PackRow(SQLModel, table=True):
-    """A pack: one content-addressed object bundling the objects of one subtree."""
+    """A pack of one subtree (one part of it): the content-addressed object bundling its objects.
+
+    Keyed by what it covers, not by its digest: two subtrees may have a part with
+    the same bytes (the same files), and each must find it.
+    """
 
     __tablename__ = "pack"
-    digest: str = Field(primary_key=True, max_length=DIGEST)
-    tree: str = Field(index=True, max_length=DIGEST)  # the subtree it covers
+    tree: str = Field(primary_key=True, max_length=DIGEST)  # the subtree it covers
     # tree (the whole subtree) | files (a large directory's own files) | spine (the nodes above packed subtrees)
-    kind: str = Field(max_length=8)
-    part: int = 0
+    kind: str = Field(primary_key=True, max_length=8)
+    part: int = Field(default=0, primary_key=True)
+    digest: str = Field(index=True, max_length=DIGEST)  # the pack object
     objects: int = 0
     bytes: int = 0  # uncompressed
     search_index: str | None = Field(default=None, max_length=DIGEST)  # trigram index of its files

@@ -35,6 +35,7 @@ def upgrade() -> None:
         b.add_column(sa.Column("snapshot_id", _s(32), nullable=True))
     with op.batch_alter_table("project_version") as b:
         b.add_column(sa.Column("packed_at", sa.DateTime(timezone=True), nullable=True))
+        b.add_column(sa.Column("pack_attempts", sa.Integer(), nullable=False, server_default="0"))
     with op.batch_alter_table("sandbox_snapshot") as b:
         b.drop_index(b.f("ix_sandbox_snapshot_project_id"))
     op.drop_table("sandbox_snapshot")
@@ -59,17 +60,17 @@ def upgrade() -> None:
     op.create_index("ix_sandbox_snapshot_project_id", "sandbox_snapshot", ["project_id"])
     op.create_table(
         "pack",
-        sa.Column("digest", _s(64), nullable=False),
         sa.Column("tree", _s(64), nullable=False),
         sa.Column("kind", _s(8), nullable=False),
         sa.Column("part", sa.Integer(), nullable=False),
+        sa.Column("digest", _s(64), nullable=False),
         sa.Column("objects", sa.Integer(), nullable=False),
         sa.Column("bytes", sa.Integer(), nullable=False),
         sa.Column("search_index", _s(64), nullable=True),
         sa.Column("created_at", sa.DateTime(timezone=True), nullable=False),
-        sa.PrimaryKeyConstraint("digest"),
+        sa.PrimaryKeyConstraint("tree", "kind", "part"),
     )
-    op.create_index("ix_pack_tree", "pack", ["tree"])
+    op.create_index("ix_pack_digest", "pack", ["digest"])
     op.create_table(
         "pack_object",
         sa.Column("digest", _s(64), nullable=False),
@@ -82,7 +83,7 @@ def upgrade() -> None:
 
 def downgrade() -> None:
     op.drop_table("pack_object")
-    op.drop_index("ix_pack_tree", table_name="pack")
+    op.drop_index("ix_pack_digest", table_name="pack")
     op.drop_table("pack")
     with op.batch_alter_table("project_draft") as b:
         b.drop_column("snapshot_id")
