@@ -18,7 +18,7 @@ from draftstore.settings import Settings
 
 from .env import BenchEnv, progress
 from .projects import build_project
-from .scenarios import FULL, GROUPS, NAMES, QUICK, Context
+from .scenarios import ALIASES, FULL, GROUPS, NAMES, OPT_IN, QUICK, Context
 from .timing import Result
 from .upload import LeanS3Putter
 
@@ -26,12 +26,14 @@ from .upload import LeanS3Putter
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description="draftstore benchmarks on the real stack")
     p.add_argument("--quick", action="store_true", help="small sizes (10,000 vs 100 files, ~300 tool calls); < 60 s")
-    p.add_argument("--only", default="", help="comma-separated scenario names: " + ", ".join(NAMES))
+    p.add_argument("--only", default="", help="comma-separated scenario names (or a group: "
+                   + ", ".join(ALIASES) + ", run only when named): " + ", ".join(NAMES))
     p.add_argument("--repeat", type=int, default=1, help="multiply the timed iterations by N (steadier medians)")
     p.add_argument("--plain-build", action="store_true",
                    help="build projects with create_project's own put_many only (slow: ~300 blobs/s here)")
     args = p.parse_args(argv)
-    wanted = [n.strip() for n in args.only.split(",") if n.strip()] or list(NAMES)
+    wanted = [n.strip() for n in args.only.split(",") if n.strip()] or [n for n in NAMES if n not in OPT_IN]
+    wanted = [m for n in wanted for m in ALIASES.get(n, (n,))]  # a group name stands for its rows
     unknown = [n for n in wanted if n not in NAMES]
     if unknown:
         p.error(f"unknown scenario(s) {', '.join(unknown)}; known: {', '.join(NAMES)}")
@@ -44,10 +46,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def summary(results: list[Result], quick: bool, elapsed: float) -> str:
     rows = [("scenario", "goal", "ratio", "ours_ms", "baseline_ms", "verdict", "ours / baseline")]
     for r in results:
+        goal = "-" if r.verdict == "INFO" else f"<= {r.goal:g}"  # INFO: a ratio to read, no goal
         if r.skipped is not None:
-            rows.append((r.name, f"<= {r.goal:g}", "-", "-", "-", "SKIP", r.skipped))
+            rows.append((r.name, goal, "-", "-", "-", "SKIP", r.skipped))
         else:
-            rows.append((r.name, f"<= {r.goal:g}", f"{r.ratio:.2f}", f"{r.ours_ms:.3f}", f"{r.baseline_ms:.3f}",
+            rows.append((r.name, goal, f"{r.ratio:.2f}", f"{r.ours_ms:.3f}", f"{r.baseline_ms:.3f}",
                          r.verdict, f"{r.ours_what} / {r.baseline_what}"))
     widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines = ["", f"== draftstore bench summary ({'quick' if quick else 'full'}, {elapsed:.0f}s) =="]
@@ -55,8 +58,9 @@ def summary(results: list[Result], quick: bool, elapsed: float) -> str:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row[:6], widths)) + "  " + row[6])
         if j == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 15)
-    counts = {v: sum(r.verdict == v for r in results) for v in ("PASS", "MISS", "SKIP")}
-    lines.append(f"{counts['PASS']} pass, {counts['MISS']} miss, {counts['SKIP']} skipped")
+    counts = {v: sum(r.verdict == v for r in results) for v in ("PASS", "MISS", "SKIP", "INFO")}
+    lines.append(f"{counts['PASS']} pass, {counts['MISS']} miss, {counts['SKIP']} skipped"
+                 + (f", {counts['INFO']} information rows (no goal)" if counts["INFO"] else ""))
     for r in results:
         for note in r.notes:
             lines.append(f"note {r.name}: {note}")

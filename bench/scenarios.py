@@ -520,4 +520,12 @@ GROUPS: list[tuple[tuple[str, ...], Callable[[Context, set[str]], list[Result]]]
 from . import cold  # noqa: E402  (cold reads, real source, snapshots, imports)
 
 GROUPS.append((cold.NAMES, cold.group))
+
+# the HTTP service under load (bench/http_ops.py); ``--only http_ops`` selects all of its rows
+from . import http_ops  # noqa: E402
+
+GROUPS.append((http_ops.NAMES, http_ops.group))
+ALIASES: dict[str, tuple[str, ...]] = {http_ops.ALIAS: http_ops.NAMES}
+# run only when named (--only): it starts service processes of its own and takes ~1-2 minutes
+OPT_IN: frozenset[str] = frozenset(http_ops.NAMES)
 NAMES = [name for names, _ in GROUPS for name in names]

@@ -10,9 +10,10 @@ Fixtures for everyone:
 - ``stack``       — params ``embedded`` and ``real``; a dict of the URLs
   ``Store.open`` takes. The embedded one is what a user gets with nothing
   configured: a SQLite database, a blob directory and (no ``coord_url``) the
-  SQLite coordinator file beside the database. The real one shares the
-  session's PostgreSQL database (tests create projects with unique ids) and
-  gets its own S3 key prefix and Redis prefix per test.
+  SQLite coordinator file beside the database. The real one gets a fresh
+  PostgreSQL database per test (copied from a migrated template), its own S3
+  key prefix and its own Redis prefix: one test's rows never name another
+  test's objects.
 - session-scoped building blocks: ``real_postgres``, ``real_redis``, ``real_s3``
   (see tests/services.py for where each server comes from).
 
@@ -54,6 +55,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 def real_postgres() -> Iterator[PostgresDatabase]:
     """A fresh PostgreSQL database for this session (schema: the Store's migrations)."""
     db = PostgresDatabase.create()
+    yield db
+    db.drop()
+
+
+@pytest.fixture(scope="session")
+def real_pg_template() -> Iterator[PostgresDatabase]:
+    """A migrated database that per-test databases are copied from."""
+    db = PostgresDatabase.migrated_template()
     yield db
     db.drop()
 
@@ -116,15 +125,17 @@ def coordinator(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
 
 @pytest.fixture(params=FLAVOURS)
 def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
-    """URLs of the three stores, isolated per test (but for the shared real database)."""
+    """URLs of the three stores, isolated per test."""
     if request.param == "embedded":
         return {
             "database_url": f"sqlite:///{tmp_path}/ds.db",
             "blob_url": f"file://{tmp_path}/blobs",
         }
-    pg: PostgresDatabase = request.getfixturevalue("real_postgres")
+    template: PostgresDatabase = request.getfixturevalue("real_pg_template")
     s3: S3Service = request.getfixturevalue("real_s3")
     server: RedisServer = request.getfixturevalue("real_redis")
+    pg = PostgresDatabase.create(template=template.name)
+    request.addfinalizer(pg.drop)
     return {
         "database_url": pg.url,
         "blob_url": s3.url(f"t-{token()}"),

@@ -314,7 +314,8 @@ def test_upgrading_a_0001_postgres_database_keeps_its_data(real_postgres, tmp_pa
                                  "partial_response_json", "tool_calls_json"],
             }.items() for column in columns}
         assert {k: v for k, v in types.items() if k.startswith("tool_call.")} == {
-            "tool_call.args_json": "text", "tool_call.result_json": "text", "tool_call.error_json": "text"}
+            "tool_call.args_json": "text", "tool_call.result_json": "text", "tool_call.error_json": "text",
+            "tool_call.approval_json": "text"}
     finally:
         with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

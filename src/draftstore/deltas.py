@@ -45,22 +45,21 @@ class Deltas:
         self._status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
 
     def append(self, turn_id: str, text: Any) -> None:
-        """Add assistant text to a running turn's stream. Raises ``turn.not_running``
-        (checked on the first delta and at every refresh of the partial response)."""
+        """Add assistant text to a running turn's stream. Raises ``turn.not_running``."""
         check.turn_id(turn_id)
         text = check.text("text", text, max_chars=MAX_DELTA_CHARS)
+        # one primary-key read per delta (never a write): text for a turn that ended
+        # elsewhere, by another process, a sweep or a discard, is refused at once
+        with self.b.statement(read_only=True) as conn:
+            status = conn.execute(self._status, {"turn_id": turn_id}).scalar()
+        if status is None:
+            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        if status != TurnStatus.RUNNING:
+            self.take(turn_id)
+            raise E.TurnNotRunning(f"turn {turn_id} is {status}; it takes no more text",
+                                   turn_id=turn_id, status=status)
         with self._lock:
-            partial = self._partials.get(turn_id)
-        if partial is None:
-            with self.b.statement(read_only=True) as conn:
-                status = conn.execute(self._status, {"turn_id": turn_id}).scalar()
-            if status is None:
-                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
-            if status != TurnStatus.RUNNING:
-                raise E.TurnNotRunning(f"turn {turn_id} is {status}; it takes no more text",
-                                       turn_id=turn_id, status=status)
-            with self._lock:
-                partial = self._partials.setdefault(turn_id, _Partial(flushed_at=time.monotonic()))
+            partial = self._partials.setdefault(turn_id, _Partial(flushed_at=time.monotonic()))
         with self._lock:
             if partial.size + len(text) > self.b.limits.max_json_state_bytes // 2:
                 raise E.PayloadTooLarge("the turn's partial response is too large", field="text",

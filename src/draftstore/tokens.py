@@ -103,6 +103,7 @@ class Tokens:
         return token_record(row)
 
     def any_active(self) -> bool:
-        """True if at least one token is not revoked (then the service requires tokens)."""
+        """True once any token was ever created, revoked or not: from then on the
+        service requires tokens (revoking every token never reopens it)."""
         with self.b.statement(read_only=True) as conn:
-            return conn.execute(sa.select(sa.exists().where(K.c.revoked_at.is_(None)))).scalar() is True
+            return conn.execute(sa.select(sa.exists().select_from(K))).scalar() is True

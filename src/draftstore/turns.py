@@ -199,7 +199,8 @@ class Turns:
         return turn_record(row, calls_read)
 
     def ended(self, turn: Turn) -> None:
-        """After the ending transaction committed: drop the heartbeat, tell SSE."""
+        """After the ending transaction committed: drop the heartbeat and the streamed text, tell SSE."""
+        self.deltas.take(turn.id)
         try:
             self.b.coord.forget(f"turn:{turn.id}")
         except E.DraftstoreError:

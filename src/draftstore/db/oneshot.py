@@ -51,7 +51,8 @@ class OneShot:
             wrapper: type[sa.exc.DBAPIError] = sa.exc.DBAPIError
             for base, mapped in ((psycopg.IntegrityError, sa.exc.IntegrityError),
                                  (psycopg.OperationalError, sa.exc.OperationalError),
-                                 (psycopg.InterfaceError, sa.exc.InterfaceError)):
+                                 (psycopg.InterfaceError, sa.exc.InterfaceError),
+                                 (psycopg.DataError, sa.exc.DataError)):
                 if isinstance(exc, base):
                     wrapper = mapped
                     break

@@ -183,8 +183,8 @@ class ToolCallRow(SQLModel, table=True):
     turn_id: str = Field(foreign_key="project_turn.id", primary_key=True, max_length=ID)
     seq: int = Field(primary_key=True)
     tool_name: str = Field(max_length=NAME)
-    # started | completed | failed
-    status: str = Field(max_length=16)
+    # awaiting_approval | started | completed | failed | denied
+    status: str = Field(max_length=32)
     # serialised JSON when small; else NULL with the blob digest and a preview
     args_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     args_digest: str | None = Field(default=None, max_length=DIGEST)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
+from starlette.concurrency import run_in_threadpool
 
 from .. import errors as E
 from ..records import Role
@@ -41,7 +42,8 @@ class Principal:
         return self.project_id is None or self.project_id == project_id
 
 
-def get_store(request: Request) -> Store:
+async def get_store(request: Request) -> Store:
+    # async: a plain lookup must not cost a thread-pool hop per request
     return request.app.state.store
 
 
@@ -63,6 +65,19 @@ class Authenticator:
             exists = self.store.tokens.any_active()
             self._any_token = (time.monotonic(), exists)
         return exists
+
+    async def principal_async(self, request: Request) -> Principal:
+        """``principal`` without a thread-pool hop when the answer is cached (the common case)."""
+        header = request.headers.get("authorization")
+        if header is not None:
+            key = hashlib.sha256(header.partition(" ")[2].strip().encode()).hexdigest()
+            with self._lock:
+                hit = self._cache.get(key)
+            if hit is not None and time.monotonic() - hit[0] <= AUTH_CACHE_S and header[:7].lower() == "bearer ":
+                if isinstance(hit[1], E.DraftstoreError):
+                    raise hit[1]
+                return hit[1]
+        return await run_in_threadpool(self.principal, request)
 
     def principal(self, request: Request) -> Principal:
         header = request.headers.get("authorization")
@@ -112,8 +127,8 @@ ANY = (Role.ADMIN, Role.AGENT, Role.OBSERVER)
 def Allow(*roles: Role) -> object:
     """A dependency: the caller's principal, if its role is one of ``roles`` (else ``auth.forbidden``)."""
 
-    def check(request: Request) -> Principal:
-        principal = request.app.state.auth.principal(request)
+    async def check(request: Request) -> Principal:
+        principal = await request.app.state.auth.principal_async(request)
         if principal.role not in roles:
             raise E.Forbidden(f"a {principal.role} token may not do this", role=principal.role)
         return principal

@@ -12,13 +12,13 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import orjson
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from .. import errors as E
+from .responses import dumps
 
 __all__ = ["STATUS", "status_of", "error_response", "install"]
 
@@ -46,7 +46,7 @@ def status_of(exc: E.DraftstoreError) -> int:
 
 def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
                    headers: dict[str, str] | None = None) -> Response:
-    body = orjson.dumps({"code": code, "message": message, "details": details or {}}, default=str)
+    body = dumps({"code": code, "message": message, "details": details or {}})
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
@@ -69,6 +69,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 400:  # FastAPI: a body it could not parse (not UTF-8, nested too deeply)
+            return error_response(422, E.InvalidInput.code, "the request body is not a JSON value this service reads",
+                                  {"reason": str(exc.detail)})
         code = {404: "route.not_found", 405: "method.not_allowed"}.get(exc.status_code, "http.error")
         return error_response(exc.status_code, code, str(exc.detail), headers=getattr(exc, "headers", None))
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+from datetime import date, datetime
 from typing import Any
 
 import orjson
@@ -10,8 +13,21 @@ from starlette.responses import Response
 __all__ = ["JSON", "dumps"]
 
 
+def _plain(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    return str(value)
+
+
 def dumps(value: Any) -> bytes:
-    return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    """orjson, or (for valid JSON values orjson refuses: integers beyond 64 bits, nesting
+    deeper than 254 levels, strings holding a lone surrogate) the standard library's encoder."""
+    try:
+        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
+    except orjson.JSONEncodeError:
+        return json.dumps(value, default=_plain, separators=(",", ":"), allow_nan=False).encode()
 
 
 class JSON(Response):

@@ -42,7 +42,6 @@ class StartTurn(Body):
     user_message: Any = Field(..., description="any JSON value: a string or a structured chat message")
     continue_: bool = Field(False, alias="continue", description="true: continue on the existing draft")
     actor: str | None = None
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class Complete(Body):

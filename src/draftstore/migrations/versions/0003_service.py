@@ -2,7 +2,8 @@
 
 - api_token: bearer tokens (only their SHA-256), with a role and an optional project scope.
 - project_turn.end_reason: why a turn ended beyond its status (cancelled, heartbeat_lapsed, discarded).
-- tool_call.approval_json: the approval decision of a call that needed one.
+- tool_call.approval_json: the approval decision of a call that needed one; tool_call.status
+  widened to 32 characters (``awaiting_approval``).
 
 Revision ID: 0003
 Revises: 0002
@@ -39,6 +40,8 @@ def upgrade() -> None:
         b.add_column(sa.Column("end_reason", sqlmodel.sql.sqltypes.AutoString(length=32), nullable=True))
     with op.batch_alter_table("tool_call") as b:
         b.add_column(sa.Column("approval_json", sa.Text(), nullable=True))
+        b.alter_column("status", existing_type=sqlmodel.sql.sqltypes.AutoString(length=16),
+                       type_=sqlmodel.sql.sqltypes.AutoString(length=32), existing_nullable=False)
 
 
 def downgrade() -> None:

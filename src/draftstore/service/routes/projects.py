@@ -7,6 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
+from ... import errors as E
 from ...diff import Diff
 from ...records import Draft, HeadMove, Page, Project, Role, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
@@ -20,6 +21,12 @@ Cursor = Annotated[str | None, Query(description="from the previous page's next_
 Limit = Annotated[int | None, Query(ge=1, le=200)]
 
 
+def _unscoped(principal: Principal, doing: str) -> None:
+    # a new project would be out of a project-scoped token's own reach
+    if principal.project_id is not None:
+        raise E.Forbidden(f"a token scoped to one project cannot {doing}")
+
+
 def _shown(p: Project, principal: Principal) -> Project:
     # an observer never learns of a draft
     return dataclasses.replace(p, active_draft_id=None) if principal.role == Role.OBSERVER else p
@@ -27,6 +34,7 @@ def _shown(p: Project, principal: Principal) -> Project:
 
 @router.post("/projects", status_code=201, response_model=Project, response_class=JSON)
 def create_project(body: CreateProject, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
+    _unscoped(principal, "create projects")
     files = decode_files(body.files, "files") if body.files is not None else None
     project = store.create_project(body.name, files, body.characters, body.world_settings,  # type: ignore[arg-type]
                                    actor=body.actor)
@@ -106,6 +114,7 @@ def rollback(project_id: str, body: Rollback, store: StoreDep, principal: Princi
 @router.post("/projects/{project_id}/fork", status_code=201, response_model=Project, response_class=JSON)
 def fork(project_id: str, body: Fork, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
     project_scope(principal, project_id)
+    _unscoped(principal, "fork into a new project")
     version_id = body.version_id or store.resolve(f"head:{project_id}").version_id or ""
     store.get_version(version_id, project_id=project_id)  # this project's version, or version.not_found
     return JSON(store.fork_project(version_id, body.name, actor=body.actor), status_code=201)

@@ -8,16 +8,33 @@ restarted, the buffer expired, or events it had not seen were trimmed), the
 stream says so with a ``stream.rebuilt`` event and then sends the turn's
 durable events rebuilt from the database (turn status changes, tool calls;
 text deltas are not durable and may be missing), after which live events
-follow. A client treats ``stream.rebuilt`` as "replace what you had".
+follow. A client treats ``stream.rebuilt`` as "replace what you had". A
+buffered event that the rebuild already sent (it reached the buffer after the
+rebuild's snapshot) is not sent again: an event with only an ``id:`` line moves
+the client's ``Last-Event-ID`` past it (EventSource dispatches nothing for it).
 
-A turn's stream ends (``stream.end``) after the turn's end event. Idle streams
-get a keep-alive comment every ``KEEPALIVE_S``; with ``Accept:
-application/json`` the route returns one page of buffered events instead.
+A turn's stream ends (``stream.end``) after the turn's end event; a client
+that reconnects once the turn has ended gets ``stream.end`` when nothing is
+left to send (after ``END_GRACE_S``, time for a just-emitted end event to reach
+the buffer). A stream outlives a coordinator outage: it waits for the
+coordinator, then goes on (or is rebuilt, if the buffer was lost).
+
+Idle streams get a keep-alive comment (a line starting with ``:``) every
+``KEEPALIVE_S`` seconds: 15, or ``DRAFTSTORE_SSE_KEEPALIVE_S``.
+
+With ``Accept: application/json`` the route returns one page of buffered
+events instead: ids in ``(after, before)``, the oldest ``limit`` of them, or
+with ``before`` alone the newest ``limit`` (paging backwards);
+``has_more_before`` / ``has_more_after`` tell whether the buffer holds events
+before the page / after it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import os
+import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -27,14 +44,30 @@ from starlette.concurrency import run_in_threadpool
 
 from ... import errors as E
 from ...coord import Tail
+from ...records import TurnStatus
 from ...store import Store
 from ..auth import AGENT, ANY, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON, dumps
 
 router = APIRouter(prefix="/v1", tags=["events"])
 
-KEEPALIVE_S = 15
+
+def _keepalive_s() -> float:
+    raw = os.environ.get("DRAFTSTORE_SSE_KEEPALIVE_S", "").strip()
+    try:
+        value = float(raw) if raw else 15.0
+    except ValueError:
+        value = math.nan
+    if not 0 < value <= 3600:
+        raise E.ConfigInvalid("DRAFTSTORE_SSE_KEEPALIVE_S must be a number of seconds in (0, 3600]", value=raw)
+    return value
+
+
+KEEPALIVE_S = _keepalive_s()
+MAX_EVENT_ID = 2**62  # ids count one stream's events: anything above names no event (and fits every backend)
 POLL_S = 0.2
+END_GRACE_S = 1.0
+MAX_RETRY_S = 2.0  # longest wait between attempts to reach an unreachable coordinator
 BATCH = 500
 TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
 COMMITTED = {"version.published", "head.moved", "draft.discarded"}
@@ -44,7 +77,7 @@ def _position(last_event_id: str | None, after: int | None) -> tuple[str | None,
     """(epoch or None if the client gave a bare number, n), or None for a fresh client."""
     if last_event_id:
         epoch, sep, n = last_event_id.rpartition(":")
-        if not sep or not n.isdigit() or not epoch or len(last_event_id) > 100:
+        if not sep or not n.isdigit() or not epoch or len(last_event_id) > 100 or int(n) > MAX_EVENT_ID:
             raise E.InvalidInput("Last-Event-ID is not an id this stream sent", field="Last-Event-ID")
         return epoch, int(n)
     if after is not None:
@@ -59,21 +92,35 @@ def _sse(epoch: str | None, event: Any) -> ServerSentEvent:
 class _Stream:
     """One subscriber's cursor over one buffer: yields what it has not seen."""
 
-    def __init__(self, store: Store, stream: str, turn_id: str | None, types: set[str] | None) -> None:
+    def __init__(self, store: Store, stream: str, turn_id: str | None, types: set[str] | None,
+                 turn_ended: bool = False) -> None:
         self.store, self.stream, self.turn_id, self.types = store, stream, turn_id, types
         self.epoch: str | None = None
         self.after = 0
         self.ended = False
+        # the turn had ended when the client connected: once nothing is left to send, the stream ends
+        self.end_by = time.monotonic() + END_GRACE_S if turn_ended else None
+        self.rebuilt_keys: set[tuple[str, Any]] = set()  # durable events the last rebuild sent
 
     async def tail(self, after: int) -> Tail:
-        return await run_in_threadpool(self.store.coord.tail, self.stream, after, BATCH)
+        """The buffer from ``after``. While the coordinator is unreachable the stream waits for it (keep-alive
+        comments go on; a client that leaves cancels the wait) instead of breaking: once it is back, a lost
+        buffer shows as another epoch and the stream is rebuilt."""
+        delay = POLL_S
+        while True:
+            try:
+                return await run_in_threadpool(self.store.coord.tail, self.stream, after, BATCH)
+            except E.BackendUnavailable:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, MAX_RETRY_S)
 
     async def rebuilt(self, reason: str) -> AsyncIterator[ServerSentEvent]:
         """The ``stream.rebuilt`` marker and the durable events; live events follow from the buffer's end."""
-        tail = await self.tail(1 << 62)  # only the position: where live events will continue
+        tail = await self.tail(MAX_EVENT_ID)  # only the position: where live events will continue
         self.epoch, self.after = tail.epoch, tail.last_id
         cursor = f"{self.epoch or '-'}:{self.after}"
         events = await run_in_threadpool(self.store.durable_events, self.turn_id) if self.turn_id else []
+        self.rebuilt_keys = {(type_, data.get("seq")) for type_, data in events}
         yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": True}).decode(), event="stream.rebuilt",
                               id=cursor if not events else None)
         for i, (type_, data) in enumerate(events):
@@ -125,12 +172,17 @@ class _Stream:
                 continue
             for event in tail.events:
                 self.after = event.id
-                if self.types is None or event.type in self.types:
+                if (event.type, event.data.get("seq")) in self.rebuilt_keys:
+                    # appended after the rebuild's snapshot but already sent by it: only move the client's cursor
+                    yield ServerSentEvent(id=f"{self.epoch or '-'}:{event.id}")
+                elif self.types is None or event.type in self.types:
                     yield _sse(self.epoch, event)
                 if self.turn_id and event.type in TURN_END:
                     self.ended = True
                     break
             if not tail.events:
+                if self.end_by is not None and time.monotonic() >= self.end_by:
+                    break  # the turn had ended before the client came back, and it has everything
                 await asyncio.sleep(POLL_S)
         yield ServerSentEvent("{}", event="stream.end")
 
@@ -146,14 +198,21 @@ def _response(request: Request, stream: _Stream, position: tuple[str | None, int
                                                                    "X-Accel-Buffering": "no"})
 
 
-def _page(store: Store, stream: str, after: int, before: int | None, limit: int, types: set[str] | None) -> JSON:
+def _page(store: Store, stream: str, after: int | None, before: int | None, limit: int,
+          types: set[str] | None) -> JSON:
+    if after is None:
+        after = 0
+        if before is not None:  # paging backwards: the newest ``limit`` events before ``before``
+            end = min(before, store.coord.tail(stream, MAX_EVENT_ID, 0).last_id + 1)
+            after = max(0, end - 1 - limit)
     tail = store.coord.tail(stream, after, limit if before is None else max(0, min(limit, before - after - 1)))
     events = [e for e in tail.events if before is None or e.id < before]
     shown = [{"id": f"{tail.epoch}:{e.id}", "type": e.type, "data": e.data}
              for e in events if types is None or e.type in types]
     last = events[-1].id if events else after
+    # whether the buffer holds events before the page's first id / after its last (whatever the window asked)
     return JSON({"events": shown, "epoch": tail.epoch, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
-                 "has_more_after": last < (tail.last_id if before is None else min(tail.last_id, before - 1))})
+                 "has_more_after": last < tail.last_id})
 
 
 def _wants_json(request: Request) -> bool:
@@ -165,28 +224,30 @@ Limit = Annotated[int, Query(ge=1, le=1000)]
 
 
 @router.get("/turns/{turn_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
-async def turn_events(turn_id: str, request: Request, store: StoreDep, after: Annotated[int | None, Query(ge=0)] = None,
-                      before: Annotated[int | None, Query(ge=1)] = None, limit: Limit = 100,
+async def turn_events(turn_id: str, request: Request, store: StoreDep,
+                      after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
+                      before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
                       principal: Principal = Allow(*AGENT)) -> Any:
     """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
     application/json`` one page ``{events, has_more_before, has_more_after}``."""
     await run_in_threadpool(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
-    await run_in_threadpool(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
+    turn = await run_in_threadpool(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
     if _wants_json(request):
-        return await run_in_threadpool(_page, store, f"turn:{turn_id}", after or 0, before, limit, None)
+        return await run_in_threadpool(_page, store, f"turn:{turn_id}", after, before, limit, None)
     position = _position(request.headers.get("last-event-id"), after)
-    return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None), position)
+    ended = turn.status != TurnStatus.RUNNING
+    return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None, turn_ended=ended), position)
 
 
 @router.get("/projects/{project_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
 async def project_events(project_id: str, request: Request, store: StoreDep,
-                         after: Annotated[int | None, Query(ge=0)] = None,
-                         before: Annotated[int | None, Query(ge=1)] = None, limit: Limit = 100,
+                         after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
+                         before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
                          principal: Principal = Allow(*ANY)) -> Any:
     """Committed events of the project only: ``version.published``, ``head.moved``, ``draft.discarded``."""
     project_scope(principal, project_id)
     await run_in_threadpool(store.get_project, project_id)
     if _wants_json(request):
-        return await run_in_threadpool(_page, store, f"project:{project_id}", after or 0, before, limit, COMMITTED)
+        return await run_in_threadpool(_page, store, f"project:{project_id}", after, before, limit, COMMITTED)
     position = _position(request.headers.get("last-event-id"), after)
     return _response(request, _Stream(store, f"project:{project_id}", None, COMMITTED), position)

@@ -1,0 +1,192 @@
+"""Two service processes on one stack: what is done through one, the other sees and honours.
+
+Replicas behind a load balancer share nothing but the backends. Each story starts two
+services (uvicorn subprocesses, ``service_factory``) on the same stack and sends each
+request to one or the other: on the real stack one PostgreSQL database, one S3 prefix
+and one Redis prefix; on the embedded one the same SQLite file and the SQLite
+coordinator file beside it. The SSE client comes from tests/test_service_streams.py.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+from typing import Any
+
+import httpx
+import pytest
+
+from service_fixtures import Service
+from test_service_streams import (b64, complete, delta, ends_with, keys, new_project, sse, start_turn, tool_call,
+                                  wait_buffered)
+
+
+def two(service_factory: Any) -> tuple[Service, Service, httpx.Client, httpx.Client]:
+    a, b = service_factory(), service_factory()
+    return a, b, a.client(), b.client()
+
+
+def files(c: httpx.Client, project_id: str, at: str = "draft") -> dict[str, str]:
+    r = c.get(f"/v1/projects/{project_id}/view/find", params={"at": at})
+    assert r.status_code == 200, r.text
+    out = {}
+    for path in r.json()["paths"]:
+        got = c.get(f"/v1/projects/{project_id}/view/files/{path}", params={"at": at})
+        assert got.status_code == 200, got.text
+        out[path] = got.text
+    return out
+
+
+def test_a_turn_started_through_one_process_is_driven_and_continued_through_the_other(service_factory):
+    a, b, ca, cb = two(service_factory)
+    p = new_project(ca)
+    t = start_turn(ca, p, "add a dragon")
+    seq = tool_call(cb, t, "write_file", finish=False)
+    assert cb.put(f"/v1/turns/{t}/files/dragon.py", content=b"DRAGON = 1\n").status_code == 204
+    assert ca.post(f"/v1/turns/{t}/tool-calls/{seq}/complete", json={"result": {"ok": True}}).status_code == 204
+    for c in (ca, cb):
+        assert c.post(f"/v1/turns/{t}/heartbeat").status_code == 204
+    r = cb.patch(f"/v1/turns/{t}/characters", json={"patch": {"dragon": {"hp": 99}}})
+    assert r.status_code == 200 and r.json()["dragon"] == {"hp": 99}
+    assert ca.get(f"/v1/projects/{p}/view/files/dragon.py").text == "DRAGON = 1\n"  # B's write, read through A
+    complete(ca, t)
+
+    turn = cb.get(f"/v1/turns/{t}").json()
+    assert turn["status"] == "completed"
+    assert [(c["seq"], c["tool_name"], c["status"], c["result"]) for c in turn["tool_calls"]] == [
+        (1, "write_file", "completed", {"ok": True})]
+
+    t2 = start_turn(cb, p, "now make it breathe fire", cont=True)  # continued through the other process
+    second = ca.get(f"/v1/turns/{t2}").json()
+    assert second["continues_turn_id"] == t and second["start_root"] == turn["end_root"]
+    assert ca.put(f"/v1/turns/{t2}/files/fire.py", content=b"FIRE = True\n").status_code == 204
+    complete(cb, t2)
+    r = ca.post(f"/v1/projects/{p}/publish", json={"summary": "dragon and fire"})
+    assert r.status_code == 201 and r.json()["number"] == 2
+    assert files(cb, p, "head") == {"main.py": "print(1)\n", "dragon.py": "DRAGON = 1\n", "fire.py": "FIRE = True\n"}
+    assert cb.get(f"/v1/projects/{p}/view", params={"at": "head"}).json()["characters"] == {"dragon": {"hp": 99}}
+
+
+def test_writes_through_both_processes_at_once_land_in_one_draft(service_factory):
+    a, b, ca, cb = two(service_factory)
+    p = new_project(ca)
+    t = start_turn(ca, p)
+    errors: list[BaseException] = []
+    go = threading.Barrier(2)
+
+    def agent(svc: Service, name: str) -> None:
+        c = svc.client()
+        try:
+            go.wait(timeout=30)
+            for i in range(12):
+                seq = tool_call(c, t, f"{name}_write", finish=False)
+                r = c.put(f"/v1/turns/{t}/files/{name}/{i}.py", content=f"{name} = {i}\n".encode())
+                assert r.status_code == 204, r.text
+                r = c.patch(f"/v1/turns/{t}/world-settings", json={"patch": {f"{name}{i}": i}})
+                assert r.status_code == 200, r.text
+                r = c.post(f"/v1/turns/{t}/tool-calls/{seq}/complete", json={"result": {"path": f"{name}/{i}.py"}})
+                assert r.status_code == 204, r.text
+            r = c.post(f"/v1/turns/{t}/changes", json={"changes": {f"{name}/batch.py": b64(name), "main.py": None}
+                                                      if name == "a" else {f"{name}/batch.py": b64(name)}})
+            assert r.status_code == 204, r.text
+        except BaseException as exc:  # reported by the test
+            errors.append(exc)
+
+    threads = [threading.Thread(target=agent, args=(svc, name), daemon=True) for svc, name in ((a, "a"), (b, "b"))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert not any(thread.is_alive() for thread in threads)
+
+    expected = {f"{n}/{i}.py": f"{n} = {i}\n" for n in "ab" for i in range(12)} | {"a/batch.py": "a", "b/batch.py": "b"}
+    for c in (ca, cb):  # the one draft, whichever process is asked
+        assert files(c, p) == expected
+        assert c.get(f"/v1/projects/{p}/view").json()["world_settings"] == {f"{n}{i}": i for n in "ab"
+                                                                            for i in range(12)}
+    calls = cb.get(f"/v1/turns/{t}/tool-calls", params={"limit": 200}).json()["items"]
+    assert [c["seq"] for c in calls] == list(range(1, 25))  # one sequence, no seq taken twice
+    assert collections.Counter(c["tool_name"] for c in calls) == {"a_write": 12, "b_write": 12}
+    assert {c["status"] for c in calls} == {"completed"}
+    complete(cb, t)
+    assert ca.post(f"/v1/projects/{p}/publish", json={"summary": "both"}).status_code == 201
+    assert files(cb, p, "head") == expected
+
+
+def test_an_interrupted_turns_late_writes_are_refused_through_either_process(service_factory):
+    a, b, ca, cb = two(service_factory)
+    p = new_project(ca)
+    t = start_turn(ca, p)
+    assert cb.put(f"/v1/turns/{t}/files/before.py", content=b"kept\n").status_code == 204
+    seq = tool_call(cb, t, finish=False)
+    r = ca.post(f"/v1/turns/{t}/interrupt", json={"partial_response": {"text": "stopped"}})
+    assert r.status_code == 200 and r.json()["status"] == "interrupted"
+
+    late = [("put", f"/v1/turns/{t}/files/late.py", {"content": b"late\n"}),
+            ("delete", f"/v1/turns/{t}/files/before.py", {}),
+            ("post", f"/v1/turns/{t}/changes", {"json": {"changes": {"late.py": b64("late")}}}),
+            ("post", f"/v1/turns/{t}/move", {"json": {"src": "before.py", "dst": "moved.py"}}),
+            ("patch", f"/v1/turns/{t}/characters", {"json": {"patch": {"late": True}}}),
+            ("post", f"/v1/turns/{t}/tool-calls", {"json": {"tool_name": "late"}}),
+            ("post", f"/v1/turns/{t}/tool-calls/{seq}/complete", {"json": {"result": "late"}}),
+            ("post", f"/v1/turns/{t}/heartbeat", {}),
+            ("post", f"/v1/turns/{t}/deltas", {"json": {"text": "late"}}),
+            ("post", f"/v1/turns/{t}/complete", {"json": {"assistant_message": "late"}})]
+    for c in (ca, cb):
+        for method, path, kwargs in late:
+            r = c.request(method, path, **kwargs)
+            assert r.status_code == 409 and r.json()["code"] == "turn.not_running", (method, path, r.text)
+            assert r.json()["details"]["status"] == "interrupted", (method, path)
+    assert files(cb, p) == {"main.py": "print(1)\n", "before.py": "kept\n"}
+    turn = ca.get(f"/v1/turns/{t}").json()
+    assert turn["partial_response"] == {"text": "stopped"}
+    assert [(c["seq"], c["status"]) for c in turn["tool_calls"]] == [(1, "started")]
+
+
+def test_a_turn_whose_text_streamed_through_one_process_takes_no_more_text_there_once_the_other_ended_it(
+        service_factory):
+    a, b, ca, cb = two(service_factory)
+    p = new_project(ca)
+    t = start_turn(ca, p)
+    delta(cb, t, "B streams the assistant's text")
+    r = ca.post(f"/v1/turns/{t}/interrupt")
+    assert r.status_code == 200
+    r = cb.post(f"/v1/turns/{t}/deltas", json={"text": "a late piece"})
+    assert r.status_code == 409 and r.json()["code"] == "turn.not_running", r.text
+    events = wait_buffered(ca, t, ends_with("turn.interrupted"))
+    assert [e["data"]["text"] for e in events if e["type"] == "assistant.delta"] == ["B streams the assistant's text"]
+
+
+def test_a_subscriber_on_one_process_sees_a_turn_driven_through_the_other(service_factory):
+    a, b, ca, cb = two(service_factory)
+    p = new_project(ca)
+    t = start_turn(cb, p)
+    wait_buffered(ca, t, ends_with("turn.started"))  # B's event, read through A
+    project_stream = sse(a, f"/v1/projects/{p}/events?after=0")
+    try:
+        with sse(a, f"/v1/turns/{t}/events") as es:
+            assert es.read_n(1)[0].json == {"turn_id": t, "project_id": p}
+            seq = tool_call(cb, t, "edit")
+            delta(cb, t, "dragons ")
+            assert cb.put(f"/v1/turns/{t}/files/dragon.py", content=b"DRAGON = 2\n").status_code == 204
+            delta(cb, t, "everywhere")
+            first = es.read_n(5)
+        # half-way, the client moves to the other process: the ids are the same buffer's
+        with sse(b, f"/v1/turns/{t}/events", last_event_id=first[-1].last_event_id) as es:
+            complete(cb, t)
+            rest = es.read_to_end()
+        got = first + rest
+        assert keys(got) == [("tool.started", seq), ("tool.completed", seq), ("assistant.delta", None),
+                             ("draft.changed", None), ("assistant.delta", None), ("turn.completed", None),
+                             ("stream.end", None)]
+        assert [e.json["text"] for e in got if e.type == "assistant.delta"] == ["dragons ", "everywhere"]
+        assert got[3].json["paths"] == ["dragon.py"]
+        assert [e.n for e in got[:-1]] == list(range(2, 8)) and len({e.epoch for e in got[:-1]}) == 1
+
+        r = cb.post(f"/v1/projects/{p}/publish", json={"summary": "through B"})
+        assert r.status_code == 201
+        published = project_stream.read_n(1)[0]
+        assert (published.type, published.json) == ("version.published", {"version_id": r.json()["id"], "number": 2})
+    finally:
+        project_stream.close()
