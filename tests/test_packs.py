@@ -7,10 +7,9 @@
 - publish + ``run_background`` packs the new version, writing packs for the changed
   subtrees only.
 
-Each test on the real stack gets a private PostgreSQL database (the ``store_factory``
-override below): pack rows are global (keyed by tree and object digests) and the
-background queue spans every project of a database, while each test has its own S3
-prefix, so a shared database would hand one test another test's packs.
+Pack rows are global to a database (keyed by tree and object digests) and the
+background queue spans every project of it: the fixtures give every real-stack test its
+own database, as its own S3 prefix.
 """
 
 from __future__ import annotations
@@ -34,36 +33,22 @@ from draftstore.db.engine import create_db_engine
 from draftstore.db.tables import PK, PO, V
 from draftstore.digest import Digest, digest_of
 from draftstore.packs import Pack, encode_pack
-from services import PostgresDatabase
 
 BIG = 1024 * 1024 + 4321  # over MAX_PACKED_FILE: stored on its own
 
 
 # =====================================================================================
-# fixtures: a private database per real test; stores that count their object reads
+# fixtures: stores that count their object reads
 # =====================================================================================
 @pytest.fixture
-def store_factory(stack: dict[str, str]) -> Iterator[Callable[..., Store]]:
-    """Like tests/store_fixtures.py, but a real-stack test gets its own PostgreSQL database."""
-    stack = dict(stack)
-    db = None
-    if not stack["database_url"].startswith("sqlite"):
-        db = PostgresDatabase.create()
-        stack["database_url"] = db.url
+def store_factory(store_factory: Callable[..., Store], stack: dict[str, str]) -> Iterator[Callable[..., Store]]:
+    """The shared factory, plus the stack's URLs and a list of stores built by hand (closed after the test)."""
     opened: list[Store] = []
-
-    def open_store(*, settings: Settings | None = None) -> Store:
-        s = Store.open(**stack, settings=settings, migrate=True)
-        opened.append(s)
-        return s
-
-    open_store.stack = stack  # type: ignore[attr-defined]
-    open_store.opened = opened  # type: ignore[attr-defined]
-    yield open_store
+    store_factory.stack = stack  # type: ignore[attr-defined]
+    store_factory.opened = opened  # type: ignore[attr-defined]
+    yield store_factory
     for s in reversed(opened):
         s.close()
-    if db is not None:
-        db.drop()
 
 
 class CountingBlobStore(DirectoryBlobStore):

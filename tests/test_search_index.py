@@ -30,7 +30,6 @@ from draftstore import packing as packing_module
 from draftstore.digest import digest_of
 from draftstore.search import Searcher
 from draftstore.searchindex import SearchIndex, build_index, required_trigrams
-from services import PostgresDatabase
 
 KELVIN = "\u212a"  # KELVIN SIGN: RE2 folds it with k and K
 LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
@@ -39,29 +38,6 @@ LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
 # =====================================================================================
 # fixtures and helpers
 # =====================================================================================
-@pytest.fixture
-def store_factory(stack: dict[str, str]) -> Iterator[Callable[..., Store]]:
-    """Like tests/store_fixtures.py, but a real-stack test gets its own PostgreSQL database:
-    pack rows and the background queue span a whole database, the S3 prefix is per test."""
-    stack = dict(stack)
-    db = None
-    if not stack["database_url"].startswith("sqlite"):
-        db = PostgresDatabase.create()
-        stack["database_url"] = db.url
-    opened: list[Store] = []
-
-    def open_store(*, settings: Settings | None = None) -> Store:
-        s = Store.open(**stack, settings=settings, migrate=True)
-        opened.append(s)
-        return s
-
-    yield open_store
-    for s in reversed(opened):
-        s.close()
-    if db is not None:
-        db.drop()
-
-
 def lines(result: Any) -> list[tuple[str, int, str]]:
     return [(m.path, m.line_number, m.line) for m in result.matches]
 

@@ -4,10 +4,6 @@
 outside the destination), from a ready snapshot of that very tree or rebuilt from
 the blobs; a snapshot is a cache, never truth: missing, corrupt, stale or tampered
 bundles, and deleting every snapshot, all still give the exact tree.
-
-Each test on the real stack gets a private PostgreSQL database (the ``store_factory``
-override below): the background queue (``run_background``) and pack rows span a
-whole database, while each test has its own S3 prefix.
 """
 
 from __future__ import annotations
@@ -30,34 +26,11 @@ from draftstore import (DraftBusy, InvalidInput, PathConflict, ProjectNotFound, 
 from draftstore.blobs import DirectoryBlobStore, object_key
 from draftstore.db.tables import D, S
 from draftstore.digest import Digest, digest_of
-from services import PostgresDatabase
 
 
 # =====================================================================================
 # fixtures and helpers
 # =====================================================================================
-@pytest.fixture
-def store_factory(stack: dict[str, str]) -> Iterator[Callable[..., Store]]:
-    """Like tests/store_fixtures.py, but a real-stack test gets its own PostgreSQL database."""
-    stack = dict(stack)
-    db = None
-    if not stack["database_url"].startswith("sqlite"):
-        db = PostgresDatabase.create()
-        stack["database_url"] = db.url
-    opened: list[Store] = []
-
-    def open_store(*, settings: Settings | None = None) -> Store:
-        s = Store.open(**stack, settings=settings, migrate=True)
-        opened.append(s)
-        return s
-
-    yield open_store
-    for s in reversed(opened):
-        s.close()
-    if db is not None:
-        db.drop()
-
-
 FILES: dict[str, bytes] = {
     "README.md": b"# game\n",
     "src/main.py": b"print('main')\n",

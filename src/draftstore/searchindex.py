@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import sre_constants
-import sre_parse
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +26,13 @@ import numpy as np
 import zstandard
 
 from .errors import IntegrityError
+
+try:  # the parser behind ``re`` (Python 3.11+ names; ``sre_parse`` is its deprecated alias)
+    from re import _constants as sre_constants  # type: ignore[attr-defined]
+    from re import _parser as sre_parse  # type: ignore[attr-defined]
+except ImportError:  # pragma: no cover
+    import sre_constants  # type: ignore[no-redef]
+    import sre_parse  # type: ignore[no-redef]
 
 __all__ = ["build_index", "SearchIndex", "required_trigrams", "Query"]
 
