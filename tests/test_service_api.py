@@ -644,3 +644,27 @@ class TestOpenMode:
         assert time.monotonic() - started <= AUTH_CACHE_S + 2
         err(anonymous.get("/v1/projects"), 401, "auth.required")
         ok(svc.client(token=secret).get(f"/v1/projects/{project['id']}"))
+
+
+def test_a_snapshot_is_built_and_listed_over_http_and_an_external_one_recorded(service: Service) -> None:
+    c = service.client()
+    files = {"main.py": base64.b64encode(b"print(1)\n").decode(), "bin/run": base64.b64encode(b"#!/bin/sh\n").decode()}
+    p = c.post("/v1/projects", json={"name": "sandboxed", "files": files}).json()
+    built = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "head"})
+    assert built.status_code == 201, built.text
+    snap = built.json()
+    assert (snap["status"], snap["source_kind"], snap["source_id"], snap["files"]) == (
+        "ready", "version", p["current_version_id"], 2)
+    assert snap["bundle_key"] and snap["size_bytes"] > 0
+    ext = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "head", "external_ref": "e2b:snap-42"}).json()
+    assert ext["status"] == "ready" and ext["external_ref"] == "e2b:snap-42" and ext["bundle_key"] is None
+    listed = c.get(f"/v1/projects/{p['id']}/snapshots").json()
+    assert [s["id"] for s in listed] == [snap["id"], ext["id"]]
+    r = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "draft"})  # no draft: the head, as a view
+    assert r.status_code == 201 and r.json()["source_kind"] == "version"
+    t = c.post(f"/v1/projects/{p['id']}/turns", json={"user_message": "edit"}).json()
+    c.put(f"/v1/turns/{t['id']}/files/new.py", content=b"x = 1\n")
+    r = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "draft"})  # a turn is writing
+    assert (r.status_code, r.json()["code"]) == (409, "draft.busy")
+    r = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "f" * 32})
+    assert (r.status_code, r.json()["code"]) == (404, "version.not_found")

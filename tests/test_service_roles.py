@@ -139,6 +139,8 @@ ROUTES: list[Route] = [
     R("POST", f"{P}/discard", ADMIN, 200),
     R("POST", f"{P}/rollback", ADMIN, 200, json={"version_id": "{v1}"}),
     R("POST", f"{P}/fork", ADMIN, 201, json={"name": "copy"}),
+    R("GET", f"{P}/snapshots", AGENT, 200),
+    R("POST", f"{P}/snapshots", AGENT, 201, json={"source": "head"}),
     # turns
     R("POST", f"{P}/turns", AGENT, 201, json={"user_message": {"role": "user", "content": "hi"}}, paused=True),
     R("POST", f"{P}/turns", AGENT, 201, json={"user_message": "go on", "continue": True}, paused=True),

@@ -20,7 +20,7 @@ from .. import __version__
 from ..store import Store
 from . import errors
 from .auth import Authenticator, TurnProjects
-from .routes import health, projects, states, streams, tokens, turns
+from .routes import health, projects, snapshots, states, streams, tokens, turns
 
 __all__ = ["create_app"]
 
@@ -67,7 +67,7 @@ def create_app(store: Store | None = None) -> FastAPI:
                   description="The state store behind AI agents that edit a project over many turns.")
     errors.install(app)
 
-    for module in (health, projects, turns, states, streams, tokens):
+    for module in (health, projects, turns, states, streams, snapshots, tokens):
         app.include_router(module.router)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     return app

@@ -1,0 +1,38 @@
+"""Sandbox snapshots of a project's states (materialising is local: ``draftstore materialize``)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+
+from ...records import Snapshot
+from ..auth import AGENT, Allow, Principal, StoreDep, project_scope
+from ..responses import JSON
+from ..schemas import Body
+
+router = APIRouter(prefix="/v1/projects/{project_id}/snapshots", tags=["snapshots"])
+
+
+class CreateSnapshot(Body):
+    source: str = Field("head", description="head | draft | a version id")
+    external_ref: str | None = Field(None, description="record a snapshot kept elsewhere (e.g. a sandbox "
+                                                       "provider's id) instead of building a bundle")
+
+
+@router.get("", response_model=list[Snapshot], response_class=JSON)
+def list_snapshots(project_id: str, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
+    project_scope(principal, project_id)
+    return JSON(store.list_snapshots(project_id))
+
+
+@router.post("", status_code=201, response_model=Snapshot, response_class=JSON)
+async def create_snapshot(project_id: str, body: CreateSnapshot, store: StoreDep,
+                          principal: Principal = Allow(*AGENT)) -> JSON:
+    """Build a tar + zstd bundle of the state now (or record an external one)."""
+    project_scope(principal, project_id)
+    if body.external_ref is not None:
+        snap = await run_in_threadpool(store.record_snapshot, project_id, body.source, body.external_ref)
+    else:
+        snap = await run_in_threadpool(store.create_snapshot, project_id, body.source)
+    return JSON(snap, status_code=201)
