@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -11,7 +12,8 @@ import pytest
 
 
 def _cli(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {"DRAFTSTORE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200"}
+    env = {"DRAFTSTORE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-m", "draftstore.cli", *args], capture_output=True, text=True,
                           env=env, cwd=home, timeout=120)
 
@@ -49,3 +51,30 @@ def test_diff_between_versions_and_a_bad_reference_exits_2_with_its_code(home: P
     bad = _cli(home, "diff", "0" * 32, v2)
     assert bad.returncode == 2
     assert "[version.not_found]" in bad.stderr
+
+
+def test_import_snapshot_and_materialize_round_trip_files_and_executable_bits(home: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    (src / "pkg").mkdir(parents=True)
+    (src / "pkg" / "mod.py").write_text("X = 1\n")
+    (src / "run.sh").write_text("#!/bin/sh\necho hi\n")
+    os.chmod(src / "run.sh", 0o755)
+    (src / ".git").mkdir()
+    (src / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    home.mkdir()
+    imported = _cli(home, "import", str(src), "--name", "tools")
+    assert imported.returncode == 0, imported.stderr
+    project_id = re.search(r"project ([0-9a-f]{32})", imported.stdout).group(1)
+    snap = _cli(home, "snapshot", project_id)
+    assert snap.returncode == 0, snap.stderr
+    assert re.search(r"snapshot [0-9a-f]{32} ready: 2 files", snap.stdout), snap.stdout
+    out = tmp_path / "out"
+    done = _cli(home, "materialize", project_id, str(out))
+    assert done.returncode == 0, done.stderr
+    assert "from snapshot" in done.stdout
+    assert sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file()) == ["pkg/mod.py", "run.sh"]
+    assert (out / "run.sh").stat().st_mode & 0o777 == 0o755 and (out / "pkg/mod.py").stat().st_mode & 0o777 == 0o644
+    again = _cli(home, "materialize", project_id, str(out))
+    assert again.returncode == 2 and "[path.conflict]" in again.stderr
+    replaced = _cli(home, "materialize", project_id, str(out), "--replace")
+    assert replaced.returncode == 0, replaced.stderr
