@@ -392,11 +392,13 @@ def test_the_sweep_interrupts_a_turn_whose_heartbeat_lapsed(store_factory):
 
 
 def test_the_sweep_leaves_a_turn_with_a_fresh_heartbeat_alone(store_factory):
-    s = store_factory(settings=Settings(heartbeat_ttl_s=0.3))
+    # a TTL several beats long: a loaded machine must not make a live worker look dead
+    s = store_factory(settings=Settings(heartbeat_ttl_s=1.0))
     p = new_project(s)
     t = s.start_turn(p.id, "alive")
-    for _ in range(3):
-        time.sleep(0.15)
+    deadline = time.monotonic() + 1.5  # the turn grows older than the TTL while it beats
+    while time.monotonic() < deadline:
+        time.sleep(0.1)
         s.heartbeat(t.id)
     s.sweep()
     assert s.get_turn(t.id).status == "running"
