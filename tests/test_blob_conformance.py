@@ -230,3 +230,14 @@ def test_a_missing_bucket_is_named_unless_create_is_asked(real_s3) -> None:  # t
         client = real_s3.client()
         client.delete_bucket(Bucket=bucket)
         client.close()
+
+
+def test_listing_gives_every_object_with_its_size_and_age(blob_store) -> None:
+    import time
+
+    before = time.time() - 120  # clocks of a store and its client may differ a little
+    digests = {blob_store.put(b"x" * n) for n in (1, 10, 1000)}
+    listed = {o.digest: o for o in blob_store.iter_objects()}
+    assert set(listed) == digests
+    assert sorted(o.size for o in listed.values()) == [1, 10, 1000]
+    assert all(before < o.modified < time.time() + 120 for o in listed.values())

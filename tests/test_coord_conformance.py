@@ -32,6 +32,7 @@ from draftstore.coord import (
     open_coordinator,
 )
 from draftstore.coord.redis import RedisCoordinator
+from draftstore.coord.sqlite import SCHEMA_VERSION
 from draftstore.errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
 
 
@@ -771,7 +772,7 @@ def test_a_version_1_file_is_upgraded_in_place_and_its_streams_are_legacy(tmp_pa
     coord = SqliteCoordinator(path)
     try:
         with sqlite3.connect(path) as raw:
-            assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+            assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
             assert raw.execute("SELECT epoch FROM streams").fetchall() == [(LEGACY_EPOCH,)]
         raw.close()
         old = coord.tail("turn:old")
@@ -822,7 +823,7 @@ def test_a_coordinator_file_from_a_newer_release_is_refused_not_misread(tmp_path
     path = tmp_path / "coord.db"
     SqliteCoordinator(path).close()
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
         raw.execute("PRAGMA user_version = 99")
     raw.close()
     with pytest.raises(BackendError, match="v99"):
@@ -848,3 +849,11 @@ def test_closing_closes_every_connection_and_can_be_repeated(tmp_path: Path) -> 
     coord.close()
     with pytest.raises(BackendUnavailable):
         coord.append("turn:0", "late")
+
+
+def test_since_is_when_the_coordinators_state_began_and_stays_put(coordinator: Coordinator) -> None:
+    first = coordinator.since()
+    assert time.time() - 3600 < first <= time.time() + 1
+    coordinator.beat("turn:x", 5)
+    time.sleep(0.05)
+    assert coordinator.since() == first

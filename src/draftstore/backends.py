@@ -71,6 +71,10 @@ class Backends:
                 self.autocommit.connect().close()
             except sa_exc.SQLAlchemyError:
                 pass  # unreachable now: the first statement says so, typed
+        try:  # the coordinator's state begins (at the latest) when a store opens on it
+            coord.since()
+        except E.DraftstoreError:
+            pass  # unavailable now: the first operation says so, typed
         self.events = EventPublisher(coord)
         self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
 
@@ -90,6 +94,10 @@ class Backends:
         try:
             yield
         except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
+            if self.sqlite and "database is locked" in str(exc.orig):
+                # another process held the embedded database past the busy timeout
+                raise E.DraftBusy("the embedded database is busy (another process is writing): retry",
+                                  reason="database is locked") from exc
             raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
         except sa_exc.DataError as exc:
             raise E.InvalidInput(f"the database refused a value: {exc.orig}") from exc

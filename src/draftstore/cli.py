@@ -259,7 +259,88 @@ def rollback(project_id: str, version_id: str) -> None:
 def sweep() -> None:
     """Recovery sweep: reap turns whose worker died, release stuck publishes."""
     with _open() as store:
-        console.print(store.sweep())
+        done = store.sweep()
+    console.print(f"{done['turns_reaped']} turns interrupted (heartbeat lapsed), {done['turns_failed']} could not be "
+                  f"ended now, {done['publishing_released']} stuck publishes released", highlight=False)
+
+
+# --------------------------------------------------------------------- maintenance
+def _phases() -> tuple[Progress, Callable[[str, int, int | None], None]]:
+    progress = _progress()
+    tasks: dict[str, Any] = {}
+
+    def update(phase: str, done: int, total: int | None) -> None:
+        if phase not in tasks:
+            tasks[phase] = progress.add_task(phase, total=total)
+        progress.update(tasks[phase], completed=done, total=total)
+
+    return progress, update
+
+
+@main.command("gc")
+@click.option("--apply", is_flag=True, help="delete (without it: a dry run that only reports)")
+@_handle_errors
+def gc(apply: bool) -> None:
+    """Garbage collection: delete objects nothing retained reaches (older than the grace period)."""
+    with _open() as store:
+        progress, update = _phases()
+        with progress:
+            st = store.gc(dry_run=not apply, progress=update)
+    verb = "deleted" if apply else "would delete"
+    console.print(f"{verb} {st.objects_swept} objects ({st.bytes_swept:,} bytes) of {st.objects_listed} stored; "
+                  f"{st.objects_reachable} reachable, {st.objects_young} unreachable but younger than the grace "
+                  f"period; {st.packs_dropped} pack rows dropped, {st.turns_pruned} turns past retention "
+                  f"({st.seconds:.1f}s){'' if apply else ' — dry run: add --apply to delete'}", highlight=False)
+
+
+@main.command("fsck")
+@click.option("--quick", is_flag=True, help="check references only; do not re-read and re-hash every object")
+@_handle_errors
+def fsck(quick: bool) -> None:
+    """Check that every reference resolves and every object is what its key says. Exit 1 on any problem."""
+    with _open() as store:
+        progress, update = _phases()
+        with progress:
+            report = store.fsck(verify_objects=not quick, progress=update)
+    for problem in report.problems:
+        console.print(str(problem), highlight=False, markup=False, soft_wrap=True)
+    console.print(f"{len(report.problems)} problems; {report.trees_checked} trees, {report.references_checked} "
+                  f"references, {report.objects_verified} objects, {report.packs_verified} packs checked "
+                  f"({report.seconds:.1f}s)", highlight=False)
+    if report.problems:
+        sys.exit(1)
+
+
+@main.command("retention")
+@click.argument("project_id")
+@click.option("--turns-days", type=float, default=None, help="keep ended turns' states and payloads this long")
+@click.option("--discarded-days", type=float, default=None, help="keep discarded drafts' trees this long")
+@click.option("--default", "reset", multiple=True, type=click.Choice(["turns", "discarded"]),
+              help="go back to the store's default for this setting")
+@_handle_errors
+def retention(project_id: str, turns_days: float | None, discarded_days: float | None, reset: tuple[str, ...]) -> None:
+    """Show or set a project's retention (what garbage collection may delete, and when)."""
+    with _open() as store:
+        changes: dict[str, Any] = {f"{name}_days": None for name in reset}
+        if turns_days is not None:
+            changes["turns_days"] = turns_days
+        if discarded_days is not None:
+            changes["discarded_days"] = discarded_days
+        r = store.set_retention(project_id, **changes) if changes else store.retention(project_id)
+    show = (lambda d: "for ever" if d is None else f"{d:g} days")
+    console.print(f"turns: {show(r.turns_days)}; discarded drafts: {show(r.discarded_days)}", highlight=False)
+
+
+@main.command("prune-versions")
+@click.argument("project_id")
+@click.argument("version_ids", nargs=-1, required=True)
+@click.option("--force", is_flag=True, help="also versions that were head once (never the current head)")
+@_handle_errors
+def prune_versions(project_id: str, version_ids: tuple[str, ...], force: bool) -> None:
+    """Delete versions (their objects go at the next gc --apply). Versions that were head once need --force."""
+    with _open() as store:
+        n = store.prune_versions(project_id, list(version_ids), force=force)
+    console.print(f"{n} versions pruned; run `draftstore gc --apply` to free their objects", highlight=False)
 
 
 # ----------------------------------------------------------------- snapshots, packs

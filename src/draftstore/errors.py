@@ -35,6 +35,7 @@ Tree (code in brackets)::
     │   ├── DraftConflict      [draft.conflict]
     │   ├── DraftBusy          [draft.busy]
     │   ├── PathConflict       [path.conflict]
+    │   ├── VersionProtected   [version.protected]
     │   └── LockTimeout        [lock.timeout]
     ├── AuthError                        who is asking may not
     │   ├── AuthRequired       [auth.required]   no token given
@@ -84,6 +85,7 @@ __all__ = [
     "DraftConflict",
     "DraftBusy",
     "PathConflict",
+    "VersionProtected",
     "LockTimeout",
     "IntegrityError",
     "ChecksumMismatch",
@@ -97,6 +99,8 @@ class DraftstoreError(Exception):
     """Base of every draftstore error; ``code`` is stable across releases."""
 
     code: str = "draftstore.error"
+    #: the same call may succeed later unchanged (a backend came back, a lock was freed)
+    retryable: bool = False
 
     def __init__(self, message: str, **details: Any) -> None:
         super().__init__(message)
@@ -107,7 +111,7 @@ class DraftstoreError(Exception):
         return f"[{self.code}] {self.message}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"code": self.code, "message": self.message, **self.details}
+        return {"code": self.code, "message": self.message, "retryable": self.retryable, **self.details}
 
 
 class InvalidInput(DraftstoreError):
@@ -221,14 +225,22 @@ class DraftConflict(StateConflict):
 
 class DraftBusy(StateConflict):
     code = "draft.busy"
+    retryable = True
 
 
 class PathConflict(StateConflict):
     code = "path.conflict"
 
 
+class VersionProtected(StateConflict):
+    """Pruning a version a head move names, without force."""
+
+    code = "version.protected"
+
+
 class LockTimeout(StateConflict):
     code = "lock.timeout"
+    retryable = True
 
 
 class AuthError(DraftstoreError):
@@ -261,6 +273,7 @@ class BackendError(DraftstoreError):
 
 class BackendUnavailable(BackendError):
     code = "backend.unavailable"
+    retryable = True
 
 
 class SchemaOutdated(BackendError):

@@ -8,10 +8,17 @@ it as a subprocess can ``kill -9`` it at exactly that moment and then check
 what another process sees. Production never sets the variable; a disabled
 point costs one set lookup.
 
-Points: ``turn.end.before_commit`` (inside the transaction that ends a turn
-and seals its writes), ``write.before_commit`` (inside a write's transaction,
-after its blob upload started), ``publish.before_commit`` (inside the publish
-transaction).
+Points, in the order an operation reaches them:
+
+- a write: ``write.before_upload``, ``write.before_commit`` (rows written, upload
+  running, not committed), ``write.after_commit``;
+- a turn's end: ``seal.before_swap`` (tree objects stored, root not moved;
+  inside the ending transaction), ``turn.end.before_commit``, ``turn.end.after_commit``;
+- a publish: ``seal.before_swap`` (if anything is unsealed), ``publish.before_commit``,
+  ``publish.after_commit``;
+- a snapshot: ``snapshot.after_upload`` (bundle stored, row not ready);
+- packing: ``pack.after_upload`` (pack stored, rows not written);
+- garbage collection: ``gc.before_sweep`` (marked, nothing deleted yet).
 """
 
 from __future__ import annotations

@@ -23,6 +23,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from . import faults
 from .backends import Backends
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
@@ -185,6 +186,7 @@ class Packing:
             index_digest = self.b.blobs.put(idx)
             stored += len(idx)
         pack = self.b.blobs.put(raw)
+        faults.point("pack.after_upload")
         # another process may write the same pack at the same time (same bytes, same digest): first one wins
         insert = _insert_ignoring_duplicates(self.b)
         with self.b.tx() as conn:

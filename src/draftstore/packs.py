@@ -168,6 +168,9 @@ class PackedObjects:
     def iter_digests(self) -> Iterator[Digest]:
         return self.raw.iter_digests()
 
+    def iter_objects(self) -> Iterator[Any]:
+        return self.raw.iter_objects()
+
     def close(self) -> None:
         self.raw.close()
 

@@ -78,6 +78,7 @@ class Publishing:
                 faults.point("publish.before_commit")
         finally:
             fold.settle()
+        faults.point("publish.after_commit")
         self.b.emit(f"project:{project_id}", "version.published", {"version_id": version.id, "number": version.number})
         return version
 

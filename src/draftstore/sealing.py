@@ -26,6 +26,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import errors as E
+from . import faults
 from .backends import Backends
 from .db.tables import C, D, P, T
 from .digest import EMPTY_TREE, Digest
@@ -132,6 +133,7 @@ class Sealing:
         if fold.plan is None:
             return fold.root, locked.file_count
         new, files = fold.plan.root, fold.plan.files
+        faults.point("seal.before_swap")
         conn.execute(D.update().where(D.c.id == locked.id).values(code_manifest_key=new, file_count=files))
         conn.execute(C.delete().where(C.c.draft_id == locked.id))
         if fold.upload is not None:

@@ -73,6 +73,15 @@ class Settings(BaseSettings):
     background_interval_s: float = Field(
         5.0, description="the service packs new versions and builds scheduled snapshots this often (0: never)"
     )
+    gc_grace_s: float = Field(
+        3600.0, description="garbage collection never deletes an object younger than this (in-flight writes)"
+    )
+    retain_turns_days: float | None = Field(
+        None, description="ended turns' boundary states and offloaded payloads are kept this long (None: for ever)"
+    )
+    retain_discarded_days: float | None = Field(
+        30.0, description="a discarded draft's tree is kept this long (None: for ever)"
+    )
     lock_timeout_s: float = Field(10.0, description="how long to wait for a coordinator lock")
     heartbeat_ttl_s: float = Field(
         60.0, description="a running turn whose heartbeat is older is reaped as interrupted"

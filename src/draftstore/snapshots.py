@@ -26,6 +26,7 @@ import sqlalchemy as sa
 import zstandard
 
 from . import errors as E
+from . import faults
 from . import validation as check
 from .backends import Backends
 from .db.tables import D, P, S, V, utcnow
@@ -149,6 +150,7 @@ class Snapshots:
         try:
             bundle, files = self._bundle(view, progress)
             key = self.b.blobs.put(bundle)
+            faults.point("snapshot.after_upload")
         except E.DraftstoreError as exc:
             self._mark(snapshot_id, SnapshotStatus.FAILED, error=str(exc)[:2000])
             raise

@@ -169,12 +169,14 @@ class Staging:
             return
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
         stored = {p: FileEntry(digest_of(v), len(v), p in executable) for p, v in writes}
+        faults.point("write.before_upload")
         upload = self.b.upload(self.b.blobs.put_many, [v for _, v in writes]) if writes else None
         try:
             self._apply_rows(turn_id, changes, stored, upload)
         finally:
             if upload is not None and not upload.done():
                 upload.cancel() or upload.exception()  # never leave an upload running past the call
+        faults.point("write.after_commit")
         self.b.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
 
     def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, FileEntry],

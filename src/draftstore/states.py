@@ -100,10 +100,13 @@ class States:
             raise E.InvalidInput('boundary is "start" or "end"', boundary=str(boundary)[:20])
         with self.b.tx(read_only=True) as conn:
             t = conn.execute(sa.select(T.c.project_id, T.c.draft_id, T.c.status, T.c.start_root, T.c.end_root,
-                                       T.c.start_state_digest, T.c.end_state_digest)
+                                       T.c.start_state_digest, T.c.end_state_digest, T.c.pruned_at)
                              .where(T.c.id == turn_id)).first()
         if t is None:
             raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        if t.pruned_at is not None:
+            raise E.StateNotFound(f"turn {turn_id}'s boundary states were pruned (its retention ended)",
+                                  turn_id=turn_id)
         root = t.start_root if boundary == "start" else t.end_root
         state_digest = t.start_state_digest if boundary == "start" else t.end_state_digest
         if root is None or state_digest is None:

@@ -41,6 +41,9 @@ from .projects import Projects
 from .publishing import Publishing
 from .deltas import Deltas
 from .records import Draft, HeadMove, Page, Project, Snapshot, ToolCall, Turn, TurnEndReason, Version
+from .fsck import FsckReport
+from .gc import GCStats, Retention
+from .maintenance import Maintenance
 from .packing import Packing
 from .sealing import Sealing
 from .settings import Settings
@@ -87,6 +90,7 @@ class Store:
         self.tokens = Tokens(b)
         self._states = States(b, self._projects, self._packing)
         self._snapshots = Snapshots(b, self._packing, self._states.state_of)
+        self._maintenance = Maintenance(b)
         self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns, self._snapshots)
 
     # ------------------------------------------------------------------ opening
@@ -439,6 +443,31 @@ class Store:
         pending snapshots. Safe to run from many processes. Returns counts."""
         packed = self._projects.pack_pending(limit)  # a failing version is logged and skipped
         return {"versions_packed": packed, "snapshots_built": self._snapshots.build_pending(limit)}
+
+    # ------------------------------------------------------------- maintenance
+    def gc(self, dry_run: bool = True, *, progress: Any = None) -> GCStats:
+        """Garbage collection: mark everything retained, sweep unreachable objects older than
+        ``gc_grace_s`` (see ``draftstore.gc``). ``dry_run`` (the default) deletes nothing."""
+        return self._maintenance.gc(dry_run, progress)
+
+    def fsck(self, *, verify_objects: bool = True, progress: Any = None) -> FsckReport:
+        """Check that every reference resolves and (``verify_objects``) every object hashes to its
+        key; ``report.problems`` names each row and key at fault."""
+        return self._maintenance.fsck(verify_objects, progress)
+
+    def retention(self, project_id: str) -> Retention:
+        """A project's retention (its own settings, else the store's defaults)."""
+        return self._maintenance.retention(project_id)
+
+    def set_retention(self, project_id: str, **days: Any) -> Retention:
+        """Per-project retention: ``turns_days`` (ended turns' boundary states and payloads),
+        ``discarded_days`` (discarded drafts' trees); a number of days, or None for the default."""
+        return self._maintenance.set_retention(project_id, days)
+
+    def prune_versions(self, project_id: str, version_ids: Any, *, force: bool = False) -> int:
+        """Delete versions (an explicit admin act; retention never does). Refuses head always, and
+        versions a head move names (``version.protected``) unless ``force``. Returns how many."""
+        return self._maintenance.prune_versions(project_id, version_ids, force)
 
     # ----------------------------------------------------------------- recovery
     def sweep(self) -> dict[str, int]:

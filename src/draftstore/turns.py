@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import Any
 
 import sqlalchemy as sa
@@ -176,6 +177,7 @@ class Turns:
                 faults.point("turn.end.before_commit")
         finally:
             fold.settle()
+        faults.point("turn.end.after_commit")
         self.ended(turn)
         return turn
 
@@ -294,6 +296,16 @@ class Turns:
         heartbeat lapsed (which seals its writes). Returns (reaped, failed):
         a turn that cannot be ended now (a backend error) is logged and left
         for the next sweep; it never stops the others from being reaped."""
+        ttl = self.b.settings.heartbeat_ttl_s
+        try:
+            since = self.b.coord.since()
+        except E.DraftstoreError as exc:  # who is alive cannot be known: reap nobody
+            log.warning("sweep reaps no turn: the coordinator is unavailable (%s)", exc)
+            return 0, 0
+        if time.time() - since < ttl:
+            # the coordinator's state is younger than a heartbeat TTL (it was just created,
+            # flushed or restarted): live workers have not beaten into it yet. Grace.
+            return 0, 0
         now = utcnow()
         with self.b.tx(read_only=True) as conn:
             running = conn.execute(sa.select(T.c.id, T.c.started_at).where(T.c.status == _RUNNING)).all()

@@ -10,13 +10,14 @@ in process.
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from ..digest import Digest, digest_of
 from ..errors import BlobNotFound, ChecksumMismatch
 from .cache import ObjectCache
 
-__all__ = ["BlobStore", "BlobStoreBase", "object_key"]
+__all__ = ["BlobStore", "BlobStoreBase", "StoredObject", "object_key"]
 
 
 @runtime_checkable
@@ -45,7 +46,18 @@ class BlobStore(Protocol):
 
     def iter_digests(self) -> Iterator[Digest]: ...
 
+    def iter_objects(self) -> Iterator["StoredObject"]: ...
+
     def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class StoredObject:
+    """An object as listed by its store: digest, size in bytes, last modified (epoch seconds)."""
+
+    digest: Digest
+    size: int
+    modified: float
 
 
 def object_key(digest: Digest) -> str:
@@ -86,6 +98,10 @@ class BlobStoreBase:
         raise NotImplementedError
 
     def _iter_raw(self, prefix: str) -> Iterator[str]:
+        raise NotImplementedError
+
+    def _list_raw(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        """(key, size, modified epoch seconds) of every key under ``prefix``."""
         raise NotImplementedError
 
     # -- the contract -----------------------------------------------------------------
@@ -142,6 +158,13 @@ class BlobStoreBase:
             d = digest_from_key(key)
             if d is not None:
                 yield d
+
+    def iter_objects(self) -> Iterator[StoredObject]:
+        """Every stored object with its size and age (garbage collection, fsck)."""
+        for key, size, modified in self._list_raw("objects/"):
+            d = digest_from_key(key)
+            if d is not None:
+                yield StoredObject(d, size, modified)
 
     def close(self) -> None:
         pass

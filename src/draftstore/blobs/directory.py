@@ -74,3 +74,11 @@ class DirectoryBlobStore(BlobStoreBase):
                     continue
                 full = Path(dirpath) / name
                 yield full.relative_to(self.root).as_posix()
+
+    def _list_raw(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        for key in self._iter_raw(prefix):
+            try:
+                st = self._path(key).stat()
+            except FileNotFoundError:  # deleted while listing
+                continue
+            yield key, st.st_size, st.st_mtime

@@ -319,6 +319,16 @@ class S3BlobStore(BlobStoreBase):
         except (ClientError, BotoCoreError) as exc:
             self._raise("list", exc, prefix)
 
+    def _list_raw(self, prefix: str) -> Iterator[tuple[str, int, float]]:
+        paginator = self._client.get_paginator("list_objects_v2")
+        cut = len(self.prefix)
+        try:
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                for obj in page.get("Contents", ()):
+                    yield obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp()
+        except (ClientError, BotoCoreError) as exc:
+            self._raise("list", exc, prefix)
+
     # -- parallel upload ---------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
         # Created on first use and kept: sealing a tree calls put_many often,

@@ -124,6 +124,13 @@ class Coordinator(Protocol):
 
     def ping(self) -> None: ...
 
+    def since(self) -> float:
+        """When this coordinator's state began (epoch seconds): a new SQLite file, a new
+        process (in-process), or a Redis that was flushed or restarted. No heartbeat
+        older than that can be held, so a recovery sweep gives workers one heartbeat
+        TTL after it to beat again before it reaps anything."""
+        ...
+
     def close(self) -> None: ...
 
 

@@ -66,6 +66,7 @@ class MemoryCoordinator:
         # entry whose deadline no longer matches _deadlines is stale: skipped.
         self._expiry_queue: list[tuple[float, str]] = []
         self._beats: dict[str, float] = {}
+        self._since = time.time()
 
     # -- locks -------------------------------------------------------------
     def acquire(self, name: str, ttl_s: float = 30.0, timeout_s: float = 10.0) -> _MemoryLock:
@@ -180,6 +181,9 @@ class MemoryCoordinator:
 
     def ping(self) -> None:
         """Always usable: it lives in this process."""
+
+    def since(self) -> float:
+        return self._since
 
     def close(self) -> None:
         pass

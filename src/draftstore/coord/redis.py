@@ -98,6 +98,12 @@ return {redis.call('GET', KEYS[2]), first[1][1], last[1][1], entries}
 """
 
 
+_SINCE = """
+redis.call('SET', KEYS[1], ARGV[1], 'NX')
+return redis.call('GET', KEYS[1])
+"""
+
+
 def _mapped(op: str) -> Callable[[Callable[P, R]], Callable[P, R]]:
     """Map redis-py errors raised by the wrapped method to the draftstore family."""
 
@@ -183,6 +189,7 @@ class RedisCoordinator:
         self._release_script = client.register_script(_RELEASE)
         self._append_script = client.register_script(_APPEND)
         self._tail_script = client.register_script(_TAIL)
+        self._since_script = client.register_script(_SINCE)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "RedisCoordinator":
@@ -223,6 +230,11 @@ class RedisCoordinator:
     def _stream_keys(self, stream: str) -> list[str]:
         """The events key first (it is the stream), then the epoch key."""
         return [self._key("events", stream), self._key("epoch", stream)]
+
+    @_mapped("since")
+    def since(self) -> float:
+        # created by the first caller after a flush or restart, then stable
+        return float(self._since_script(keys=[f"{self.prefix}:since"], args=[repr(time.time())]))
 
     @_mapped("ping")
     def ping(self) -> None:

@@ -73,6 +73,9 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # without one, as "legacy" (no table rewrite); every insert names its epoch.
         f"ALTER TABLE streams ADD COLUMN epoch TEXT NOT NULL DEFAULT '{LEGACY_EPOCH}'",
     ),
+    (  # v3: facts about the file itself (since: when its state began)
+        "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The epoch is written only when the row is created: an increment keeps it.
@@ -354,6 +357,11 @@ class SqliteCoordinator:
     def forget(self, key: str) -> None:
         with self._write("heartbeat forget") as db:
             db.execute("DELETE FROM beats WHERE key = ?", (key,))
+
+    def since(self) -> float:
+        with self._write("since") as db:
+            db.execute("INSERT OR IGNORE INTO meta VALUES ('since', ?)", (repr(time.time()),))
+            return float(db.execute("SELECT value FROM meta WHERE name = 'since'").fetchone()[0])
 
     def ping(self) -> None:
         """Raise ``backend.unavailable`` unless the file can be read (also once closed)."""

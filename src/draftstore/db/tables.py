@@ -73,6 +73,9 @@ class ProjectRow(SQLModel, table=True):
     active_draft_id: str | None = Field(default=None, max_length=ID)
     forked_from_version_id: str | None = Field(default=None, max_length=ID)
     created_at: datetime = Field(sa_column=_ts())
+    # retention of what is not kept for ever (NULL: the store's default)
+    retain_turns_days: float | None = Field(default=None)
+    retain_discarded_days: float | None = Field(default=None)
 
 
 class VersionRow(SQLModel, table=True):
@@ -168,6 +171,8 @@ class TurnRow(SQLModel, table=True):
     tool_calls_json: Any = Field(default=None, sa_column=_json(True))
     # why it ended, beyond its status: cancelled | heartbeat_lapsed | discarded (NULL: as asked)
     end_reason: str | None = Field(default=None, max_length=32)
+    # when garbage collection stopped keeping its boundary states and payloads (retention ended)
+    pruned_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
     # code tree roots at the turn's boundaries, and blob digests of the
     # {"characters", "world_settings"} JSON at the same moments
     start_root: str | None = Field(default=None, max_length=DIGEST)

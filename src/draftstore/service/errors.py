@@ -1,7 +1,8 @@
 """HTTP errors: one table from the library's typed errors to HTTP statuses.
 
-Every error body is ``{"code", "message", "details"}`` with the library's
-stable code. Request bodies and parameters FastAPI cannot parse are
+Every error body is ``{"code", "message", "details", "retryable"}`` with the
+library's stable code; ``retryable`` says the same request may succeed later
+unchanged (a backend came back, a lock was freed). Request bodies and parameters FastAPI cannot parse are
 ``input.invalid`` (422); an unknown route is ``route.not_found`` (404). An
 unexpected exception is logged and answered ``internal`` (500) without its
 text, so a traceback never reaches a client.
@@ -45,8 +46,8 @@ def status_of(exc: E.DraftstoreError) -> int:
 
 
 def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None) -> Response:
-    body = dumps({"code": code, "message": message, "details": details or {}})
+                   headers: dict[str, str] | None = None, retryable: bool = False) -> Response:
+    body = dumps({"code": code, "message": message, "details": details or {}, "retryable": retryable})
     return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
@@ -57,7 +58,7 @@ def install(app: FastAPI) -> None:
         headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
         if isinstance(exc, E.BackendUnavailable):
             headers = {"Retry-After": "1"}
-        return error_response(status, exc.code, exc.message, exc.details, headers)
+        return error_response(status, exc.code, exc.message, exc.details, headers, exc.retryable)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
