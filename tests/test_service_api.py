@@ -43,11 +43,12 @@ def created(r: httpx.Response) -> Json:
 
 
 def err(r: httpx.Response, status: int, code: str) -> dict[str, Json]:
-    """An error answer: the status, and the body every error has: code, message, details."""
+    """An error answer: the status, and the body every error has: code, message, details, retryable."""
     assert r.status_code == status, f"{r.request.method} {r.request.url} -> {r.status_code}: {r.text[:500]}"
     assert r.headers["content-type"].startswith("application/json"), r.headers
     body = r.json()
-    assert set(body) == {"code", "message", "details"}, body
+    assert set(body) == {"code", "message", "details", "retryable"}, body
+    assert body["retryable"] is (code in {"backend.unavailable", "draft.busy", "lock.timeout"}), body
     assert isinstance(body["message"], str) and body["message"], body
     assert isinstance(body["details"], dict), body
     assert body["code"] == code, f"{r.request.method} {r.request.url}: expected {code}, got {body}"
@@ -164,7 +165,7 @@ def test_a_turn_from_first_message_to_a_forked_copy(service: Service) -> None:
         ("src/dragon.py", 2, "    hp = 100", ["class Dragon:"])]
     assert found["truncated"] is False
     assert ok(c.get(f"/v1/projects/{pid}/view/stat/src/dragon.py")) == {
-        "path": "src/dragon.py", "size": len(dragon), "digest": hashlib.sha256(dragon).hexdigest()}
+        "path": "src/dragon.py", "size": len(dragon), "digest": hashlib.sha256(dragon).hexdigest(), "executable": False}
     err(c.get(f"/v1/projects/{pid}/view/files/main.py"), 404, "path.not_found")  # deleted in the batch
 
     # ... and of the state the turn started from

@@ -410,7 +410,7 @@ def test_a_malformed_unknown_or_tampered_token_is_401(service: Service) -> None:
                    f"Bearer {UNKNOWN_TOKEN}", f"Bearer {tampered}", f"Bearer {secret}x"):
         r = httpx.get(f"{service.url}/v1/projects", headers={"authorization": header}, timeout=30)
         assert outcome(r) == (401, "auth.invalid"), f"{header!r}: {r.text}"
-        assert r.headers["www-authenticate"] == "Bearer" and set(r.json()) == {"code", "message", "details"}
+        assert r.headers["www-authenticate"] == "Bearer" and set(r.json()) == {"code", "message", "details", "retryable"}
     assert service.client(token=secret).get("/v1/projects").status_code == 200
 
 
