@@ -136,9 +136,13 @@ class Backends:
             return stmt.run(params)
 
     def for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:
-        """``SELECT ... FOR UPDATE`` where rows can be locked (SQLite's BEGIN
-        IMMEDIATE already serialises writers)."""
-        return stmt if self.sqlite else stmt.with_for_update(of=of)
+        """``SELECT ... FOR NO KEY UPDATE`` where rows can be locked (SQLite's BEGIN
+        IMMEDIATE already serialises writers). No operation changes a key, and this
+        lock, unlike FOR UPDATE, lets a concurrent foreign-key check (KEY SHARE) of
+        the same row through: a writer that updates its draft row twice re-checks
+        the draft's project, which a publish holding the project FOR UPDATE would
+        block into a deadlock."""
+        return stmt if self.sqlite else stmt.with_for_update(of=of, key_share=True)
 
     def check(self) -> dict[str, str | None]:
         """Each backend -> None if it answers, else the reason (for readiness probes)."""

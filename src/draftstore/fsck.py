@@ -64,13 +64,15 @@ class Checker:
     def run(self, verify_objects: bool = True, progress: Progress | None = None) -> FsckReport:
         t0 = time.monotonic()
         report = FsckReport()
-        listed = {o.digest: o.size for o in self.b.blobs.iter_objects()}
         members: dict[str, set[str]] = {}
         with self.b.tx(read_only=True) as conn:
             for d, p in conn.execute(sa.select(PO.c.digest, PO.c.pack)):
                 members.setdefault(p, set()).add(d)
             packs = conn.execute(sa.select(PK)).all()
             refs = self._references(conn)
+        # listed after the references are read: an object is stored before the row that names
+        # it commits, so on a store being written to every reference read is in this listing
+        listed = {o.digest: o.size for o in self.b.blobs.iter_objects()}
         available = set(listed).union(*(ds for p, ds in members.items() if p in listed))
 
         def have(key: str) -> bool:
@@ -173,12 +175,13 @@ class Checker:
                 continue
             for name, e in node.items():
                 if e.is_dir:
-                    todo.append((e.digest, f"{where} > {name}/"))
+                    todo.append((e.digest, f"{at}{name}/" if at.endswith("/") else f"{at} > {name}/"))
                 elif e.digest not in seen:
                     seen.add(e.digest)
                     report.references_checked += 1
                     if not have(e.digest):
-                        report.problems.append(Problem("missing", f"{where} > {name}", e.digest, "file"))
+                        label = f"{at}{name}" if at.endswith("/") else f"{at} > {name}"
+                        report.problems.append(Problem("missing", label, e.digest, "file"))
 
     def _pack(self, row: Any, expected: set[str], report: FsckReport) -> None:
         where = f"pack row {row.tree[:12]}/{row.kind}/{row.part}"

@@ -11,8 +11,12 @@ is never lost), with its search index.
 Sweeping lists the blob store and deletes what is neither marked nor younger
 than the grace period (``gc_grace_s``, one hour by default): an object written
 for a transaction that has not committed yet (a write, a seal, an import
-whose version row is still to come) is young, and so never swept. Pack rows
-follow the same grace.
+whose version row is still to come) is young, and so never swept. Storing an
+object again makes it young (``BlobStore.put``), and the sweep reads each
+object's age once more right before deleting it, so content written anew after
+the listing stays. (What remains is the moment between that last check and the
+delete itself; S3 has no conditional delete to close it.) Pack rows follow the
+same grace.
 
 A dry run deletes nothing and says what would go. An interrupted run leaves a
 consistent store; running again finishes the job (marking is recomputed,
@@ -82,8 +86,10 @@ class Collector:
             trees.update(conn.execute(sa.select(V.c.code_manifest_key)).scalars())
             for r in conn.execute(sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.closed_at,
                                             D.c.closed_reason)):
-                if r.closed_at is None or r.closed_reason == "published":
-                    trees.add(r.code_manifest_key)  # (a published draft's tree is its version's)
+                if r.closed_reason == "published":
+                    continue  # its tree is its version's, kept by the version row while it exists
+                if r.closed_at is None:
+                    trees.add(r.code_manifest_key)
                 elif not self._expired(self.retention(r.project_id).discarded_days, r.closed_at, now):
                     trees.add(r.code_manifest_key)
             keep.update(d for d in conn.execute(sa.select(C.c.digest).where(C.c.digest.is_not(None))).scalars())
@@ -160,6 +166,9 @@ class Collector:
         stats = GCStats(dry_run=dry_run)
         grace_s = self.b.settings.gc_grace_s
         cutoff = utcnow() - timedelta(seconds=grace_s)
+        # young means younger than the grace *at the start of the run*: an object written
+        # after the roots were read is never older than that, however long marking takes
+        oldest = time.time() - grace_s
         trees, keep, expired = self.roots()
         marked = self.mark(trees, progress)
         marked |= keep
@@ -170,7 +179,6 @@ class Collector:
         stats.turns_pruned = len(expired)
         if not dry_run:
             self._drop_rows(drop, expired)
-        oldest = time.time() - grace_s
         doomed: list[tuple[str, int]] = []
         for obj in self.b.blobs.iter_objects():
             stats.objects_listed += 1
@@ -185,6 +193,11 @@ class Collector:
         faults.point("gc.before_sweep")
         for i, (digest, size) in enumerate(doomed):
             if not dry_run:
+                # stored again since it was listed (a write refers to it anew): keep it
+                modified = self.b.blobs.modified(Digest(digest))
+                if modified is None or modified > oldest:
+                    stats.objects_young += modified is not None
+                    continue
                 self.b.blobs.delete(Digest(digest))
             stats.objects_swept += 1
             stats.bytes_swept += size

@@ -64,8 +64,7 @@ class Maintenance:
         check.project_id(project_id)
         ids = [check.version_id(v) for v in version_ids]
         with self.b.tx() as conn:
-            project = conn.execute(sa.select(P).where(P.c.id == project_id).with_for_update()
-                                   if not self.b.sqlite else sa.select(P).where(P.c.id == project_id)).first()
+            project = conn.execute(self.b.for_update(sa.select(P).where(P.c.id == project_id))).first()
             if project is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
             found = set(conn.execute(sa.select(V.c.id).where(V.c.project_id == project_id, V.c.id.in_(ids)))

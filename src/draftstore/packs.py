@@ -165,6 +165,9 @@ class PackedObjects:
     def delete(self, digest: Digest) -> None:
         self.raw.delete(digest)
 
+    def modified(self, digest: Digest) -> float | None:
+        return self.raw.modified(digest)
+
     def iter_digests(self) -> Iterator[Digest]:
         return self.raw.iter_digests()
 

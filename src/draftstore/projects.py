@@ -228,9 +228,9 @@ class Projects:
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
         actor = check.actor(actor)
-        now = utcnow()
         with self.b.tx() as conn:
             project = self.load(conn, project_id, lock=True)
+            now = utcnow()  # after the lock: head moves are stamped in the order they happen
             version = self.load_version(conn, version_id, project_id)
             if project.current_version_id != version.id:
                 self.move_head(conn, project_id, project.current_version_id, version.id, HeadMoveReason.ROLLBACK,

@@ -50,11 +50,11 @@ class Publishing:
             raise E.InvalidInput("force must be true or false", field="force")
         # the overlay is empty unless a writer of an older release died: then it is folded here
         fold = self.sealing.prepare_open(project_id)
-        now = utcnow()
         try:
             with self.b.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
                 draft = self.drafts.lock_open(conn, project, "publish")
+                now = utcnow()  # after the locks: head moves are stamped in the order they happen
                 if draft.status in (DraftStatus.RUNNING, DraftStatus.PUBLISHING):
                     raise E.DraftBusy(
                         f"draft {draft.id} is {draft.status}; finish or interrupt the turn first"

@@ -124,7 +124,9 @@ class Snapshots:
         return self._build(sid, view, progress)
 
     def build_pending(self, limit: int = 10) -> int:
-        """Build up to ``limit`` pending snapshots (scheduled by publish); returns how many were built."""
+        """Build up to ``limit`` pending snapshots (scheduled by publish, or left pending by a
+        builder that died); returns how many were built. Each is built from the root its row
+        names."""
         with self.b.tx(read_only=True) as conn:
             rows = conn.execute(sa.select(S).where(S.c.status == SnapshotStatus.PENDING.value)
                                 .order_by(S.c.created_at).limit(limit)).all()
@@ -137,7 +139,11 @@ class Snapshots:
             try:
                 if self._get(r.id).status != SnapshotStatus.PENDING:
                     continue
-                view, _, _ = self._resolve(r.project_id, r.source_id)
+                # the tree the row names, whatever became of its source since (a draft moves on;
+                # building the draft as it is now under the row's root would be a wrong tree)
+                view = View(trees=self.b.trees, project_id=r.project_id, kind=r.source_kind, root=Digest(r.root),
+                            overlay={}, characters=None, world_settings=None, limits=self.b.limits,
+                            packing=self.packing)
                 if self._build(r.id, view, None).status == SnapshotStatus.READY:
                     built += 1
             except E.DraftstoreError as exc:  # recorded on the row; the next one is still built

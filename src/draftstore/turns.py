@@ -315,6 +315,10 @@ class Turns:
             try:
                 if age <= self.b.settings.heartbeat_ttl_s or self.b.coord.alive(f"turn:{tid}"):
                     continue
+                if time.time() - self.b.coord.since() < ttl:
+                    # the coordinator lost its state after the sweep began (a flush, a restart):
+                    # the missing heartbeat may be a live worker's. Grace, as above.
+                    break
                 self.end(tid, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED,
                          {"end_reason": TurnEndReason.HEARTBEAT_LAPSED})
                 reaped += 1

@@ -44,6 +44,8 @@ class BlobStore(Protocol):
 
     def delete(self, digest: Digest) -> None: ...
 
+    def modified(self, digest: Digest) -> float | None: ...
+
     def iter_digests(self) -> Iterator[Digest]: ...
 
     def iter_objects(self) -> Iterator["StoredObject"]: ...
@@ -104,13 +106,19 @@ class BlobStoreBase:
         """(key, size, modified epoch seconds) of every key under ``prefix``."""
         raise NotImplementedError
 
+    def _modified_raw(self, key: str) -> float | None:
+        """Modified time (epoch seconds) of ``key``, or None if absent."""
+        raise NotImplementedError
+
     # -- the contract -----------------------------------------------------------------
     def put(self, data: bytes) -> Digest:
-        """Store ``data``; idempotent; returns its digest."""
+        """Store ``data``; idempotent; returns its digest. Storing an object that
+        exists makes it young again, so garbage collection's grace protects a
+        write that refers to it anew. Every put reaches the backend: the read
+        cache knowing the bytes does not mean they are still stored (another
+        process's garbage collection may have swept them since)."""
         data = bytes(data)
         digest = digest_of(data)
-        if digest in self.cache:
-            return digest
         self._put_raw(object_key(digest), data)
         self.cache.add(digest, data)
         return digest
@@ -152,6 +160,10 @@ class BlobStoreBase:
         digest = Digest(digest)
         self.cache.discard(digest)
         self._delete_raw(object_key(digest))
+
+    def modified(self, digest: Digest) -> float | None:
+        """When ``digest`` was last stored (epoch seconds), or None if absent."""
+        return self._modified_raw(object_key(Digest(digest)))
 
     def iter_digests(self) -> Iterator[Digest]:
         for key in self._iter_raw("objects/"):

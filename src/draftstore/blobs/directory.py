@@ -33,7 +33,11 @@ class DirectoryBlobStore(BlobStoreBase):
     def _put_raw(self, key: str, data: bytes) -> None:
         path = self._path(key)
         if path.exists():
-            return
+            try:
+                os.utime(path)  # stored again: young again (see BlobStoreBase.put)
+                return
+            except FileNotFoundError:
+                pass  # swept meanwhile: write it
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
@@ -74,6 +78,12 @@ class DirectoryBlobStore(BlobStoreBase):
                     continue
                 full = Path(dirpath) / name
                 yield full.relative_to(self.root).as_posix()
+
+    def _modified_raw(self, key: str) -> float | None:
+        try:
+            return self._path(key).stat().st_mtime
+        except FileNotFoundError:
+            return None
 
     def _list_raw(self, prefix: str) -> Iterator[tuple[str, int, float]]:
         for key in self._iter_raw(prefix):

@@ -116,7 +116,7 @@ class S3BlobStore(BlobStoreBase):
         aws_secret_access_key: str | None = None,
         aws_session_token: str | None = None,
         connect_timeout_s: float = 3.0,
-        read_timeout_s: float = 30.0,
+        read_timeout_s: float = 10.0,
         max_attempts: int = 3,
         addressing_style: str | None = None,
         check: bool = True,
@@ -148,7 +148,8 @@ class S3BlobStore(BlobStoreBase):
             # queues for a socket.
             connect_timeout=connect_timeout_s,
             read_timeout=read_timeout_s,
-            retries={"max_attempts": max_attempts, "mode": "standard"},
+            # total_max_attempts counts the first try; botocore's max_attempts counts retries only
+            retries={"total_max_attempts": max_attempts, "mode": "standard"},
             max_pool_connections=self.workers + 4,
             tcp_keepalive=True,
             # A custom endpoint (SeaweedFS, MinIO, a loopback address) rarely has
@@ -177,6 +178,11 @@ class S3BlobStore(BlobStoreBase):
     def from_url(cls, url: str, cache: ObjectCache | None = None, **kwargs: Any) -> "S3BlobStore":
         """Open ``s3://bucket[/prefix]?endpoint_url=..&region=..&create=1&workers=N``.
 
+        Also ``connect_timeout`` and ``read_timeout`` (seconds, default 3 and
+        10) and ``max_attempts`` (attempts per request, retries included,
+        default 3): how long an operation waits on a dead or hung endpoint
+        before it fails with ``backend.unavailable``.
+
         Raises ``config.invalid`` on a malformed URL and ``backend.unavailable``
         if the bucket cannot be reached.
         """
@@ -186,7 +192,8 @@ class S3BlobStore(BlobStoreBase):
         if parts.username or parts.password:
             raise ConfigInvalid("credentials do not belong in the blob URL; use the AWS_* environment variables")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        known = {"endpoint_url", "region", "create", "workers", "addressing_style"}
+        known = {"endpoint_url", "region", "create", "workers", "addressing_style",
+                 "connect_timeout", "read_timeout", "max_attempts"}
         unknown = set(query) - known
         if unknown:
             raise ConfigInvalid(f"unknown S3 URL parameter(s): {', '.join(sorted(unknown))}", url=url)
@@ -194,6 +201,18 @@ class S3BlobStore(BlobStoreBase):
             workers = int(query.get("workers", DEFAULT_WORKERS))
         except ValueError as exc:
             raise ConfigInvalid("workers must be an integer", url=url) from exc
+        for name, kind, low, high in (("connect_timeout", float, 0.1, 300), ("read_timeout", float, 0.1, 3600),
+                                      ("max_attempts", int, 1, 20)):
+            if name not in query:
+                continue
+            try:
+                value = kind(query[name])
+            except ValueError as exc:
+                raise ConfigInvalid(f"{name} must be a number from {low:g} to {high:g}", url=url) from exc
+            if not low <= value <= high:
+                raise ConfigInvalid(f"{name} must be a number from {low:g} to {high:g}", url=url)
+            kwargs.setdefault("connect_timeout_s" if name == "connect_timeout" else
+                              "read_timeout_s" if name == "read_timeout" else name, value)
         return cls(
             parts.netloc,
             parts.path,
@@ -298,6 +317,16 @@ class S3BlobStore(BlobStoreBase):
         except BotoCoreError as exc:
             self._raise("head", exc, key)
 
+    def _modified_raw(self, key: str) -> float | None:
+        try:
+            return self._client.head_object(Bucket=self.bucket, Key=self._key(key))["LastModified"].timestamp()
+        except ClientError as exc:
+            if _error_code(exc) in _NOT_FOUND_CODES:
+                return None
+            self._raise("head", exc, key)
+        except BotoCoreError as exc:
+            self._raise("head", exc, key)
+
     def _delete_raw(self, key: str) -> None:
         # S3 DELETE of an absent key succeeds: "absent is not an error" for free.
         try:
@@ -341,7 +370,8 @@ class S3BlobStore(BlobStoreBase):
     def put_many(self, blobs: Iterable[bytes]) -> list[Digest]:
         """Store several objects in parallel; idempotent; digests in input order.
 
-        Duplicates and cached objects are uploaded once or not at all. Returns
+        Duplicates are uploaded once; every distinct object is uploaded even if
+        cached (see ``BlobStoreBase.put``). Returns
         after every upload has finished; if any failed, raises the first
         failure (``backend.*``) — the others may or may not be stored, which
         is harmless for content-addressed objects.
@@ -350,7 +380,7 @@ class S3BlobStore(BlobStoreBase):
         digests = [digest_of(b) for b in items]
         todo: dict[Digest, bytes] = {}
         for d, b in zip(digests, items):
-            if d not in self.cache and d not in todo:
+            if d not in todo:
                 todo[d] = b
         if len(todo) <= 1:
             for d, b in todo.items():

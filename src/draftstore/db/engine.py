@@ -73,5 +73,8 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         # most recently used first: its prepared statements are warm
         kwargs.setdefault("pool_use_lifo", True)
         kwargs.setdefault("max_overflow", 20)
+        # a connection the server dropped (restart, failover, pg_terminate_backend, an idle
+        # timeout) is found and replaced at checkout, not by failing the caller's operation
+        kwargs.setdefault("pool_pre_ping", True)
         return sa.create_engine(u, **kwargs)
     return sa.create_engine(u, **kwargs)
