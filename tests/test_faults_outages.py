@@ -32,7 +32,7 @@ PostgreSQL (the truth)
   - Pooled connections killed with ``pg_terminate_backend`` between operations:
     an operation fails with ``backend.unavailable`` (retryable) or succeeds, and
     the very next attempt succeeds (at most one failure per engine pool); killed
-    while idle, they cost no failed operation at all (the pools pre-ping).
+    while idle, they cost no failed operation at all (checkout finds them closed).
   - A connection killed inside each transaction (a batch write, a turn's end
     before and after the seal, a publish) fails the operation with a typed error,
     leaves no partial state (draft revision, status, root, files; turn status and

@@ -8,6 +8,7 @@ by ``validation.dump_json`` on both.
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,18 @@ __all__ = ["create_db_engine", "is_sqlite"]
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
+
+
+def _readable(dbapi_conn: Any) -> bool:
+    try:
+        fd = dbapi_conn.fileno()
+    except Exception:  # closed or broken: certainly dead
+        return True
+    try:
+        ready, _, _ = select.select([fd], [], [], 0)
+    except (OSError, ValueError):
+        return True
+    return bool(ready)
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
@@ -73,8 +86,16 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         # most recently used first: its prepared statements are warm
         kwargs.setdefault("pool_use_lifo", True)
         kwargs.setdefault("max_overflow", 20)
-        # a connection the server dropped (restart, failover, pg_terminate_backend, an idle
-        # timeout) is found and replaced at checkout, not by failing the caller's operation
-        kwargs.setdefault("pool_pre_ping", True)
-        return sa.create_engine(u, **kwargs)
+        engine = sa.create_engine(u, **kwargs)
+
+        @event.listens_for(engine, "checkout")
+        def _drop_dead(dbapi_conn: Any, record: Any, proxy: Any) -> None:
+            # A connection the server ended while it sat in the pool (a restart, a failover,
+            # pg_terminate_backend, an idle timeout) has something to read: the server's
+            # goodbye, or EOF. An idle live one has nothing. Found here, the pool replaces it
+            # instead of failing the caller's operation: a pre-ping without the round trip.
+            if _readable(dbapi_conn):
+                raise sa.exc.DisconnectionError("the server closed this pooled connection")
+
+        return engine
     return sa.create_engine(u, **kwargs)
