@@ -17,10 +17,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
+import sqlalchemy as sa
+
 from . import errors as E
 from .records import Page
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page", "by_creation"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -78,3 +80,14 @@ def page(kind: str, rows: list[Any], n: int, key: Callable[[Any], Sequence[Any]]
     more = len(rows) > n
     rows = rows[:n]
     return Page([record(r) for r in rows], encode(kind, key(rows[-1])) if more and rows else None)
+
+
+def by_creation(table: sa.Table, kind: str, cursor: Any, n: int) -> sa.Select:
+    """Up to ``n + 1`` rows of ``table`` in creation order (``created_at``, then ``id``),
+    after the item the ``kind`` cursor names."""
+    key = decode(kind, cursor, (datetime, str))
+    stmt = sa.select(table).order_by(table.c.created_at, table.c.id).limit(n + 1)
+    if key is not None:
+        stmt = stmt.where(sa.tuple_(table.c.created_at, table.c.id) > sa.tuple_(
+            sa.bindparam("c", key[0], type_=table.c.created_at.type), sa.bindparam("i", key[1])))
+    return stmt

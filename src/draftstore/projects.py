@@ -8,7 +8,7 @@ in the same transaction that moves it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -199,32 +199,26 @@ class Projects:
 
     def page(self, cursor: str | None, limit: int | None) -> Page[Project]:
         n = paging.limit(limit)
-        key = paging.decode("projects", cursor, (datetime, str))
-        stmt = sa.select(P).order_by(P.c.created_at, P.c.id).limit(n + 1)
-        if key is not None:
-            stmt = stmt.where(sa.tuple_(P.c.created_at, P.c.id) > sa.tuple_(
-                sa.bindparam("c", key[0], type_=P.c.created_at.type), sa.bindparam("i", key[1])))
         with self.b.tx(read_only=True) as conn:
-            rows = conn.execute(stmt).all()
+            rows = conn.execute(paging.by_creation(P, "projects", cursor, n)).all()
         return paging.page("projects", rows, n, lambda r: (aware(r.created_at), r.id), project_record)
 
     def versions_page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Version]:
-        n = paging.limit(limit)
-        key = paging.decode("versions", cursor, (int,))
-        with self.b.tx(read_only=True) as conn:
-            self.load(conn, project_id)
-            rows = conn.execute(sa.select(V).where(V.c.project_id == project_id, V.c.number > (key[0] if key else 0))
-                                .order_by(V.c.number).limit(n + 1)).all()
-        return paging.page("versions", rows, n, lambda r: (r.number,), version_record)
+        return self._numbered_page("versions", V, V.c.number, version_record, project_id, cursor, limit)
 
     def head_moves_page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[HeadMove]:
+        return self._numbered_page("head_moves", H, H.c.id, _head_move_record, project_id, cursor, limit)
+
+    def _numbered_page(self, kind: str, table: sa.Table, order: Any, record: Callable[[Any], Any], project_id: str,
+                       cursor: str | None, limit: int | None) -> Page[Any]:
+        """A page of a project's rows of ``table`` in the order of the integer column ``order``."""
         n = paging.limit(limit)
-        key = paging.decode("head_moves", cursor, (int,))
+        key = paging.decode(kind, cursor, (int,))
         with self.b.tx(read_only=True) as conn:
             self.load(conn, project_id)
-            rows = conn.execute(sa.select(H).where(H.c.project_id == project_id, H.c.id > (key[0] if key else 0))
-                                .order_by(H.c.id).limit(n + 1)).all()
-        return paging.page("head_moves", rows, n, lambda r: (r.id,), _head_move_record)
+            rows = conn.execute(sa.select(table).where(table.c.project_id == project_id, order > (key[0] if key else 0))
+                                .order_by(order).limit(n + 1)).all()
+        return paging.page(kind, rows, n, lambda r: (getattr(r, order.name),), record)
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
         actor = check.actor(actor)

@@ -13,7 +13,6 @@ import hashlib
 import hmac
 import re
 import secrets
-from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -69,13 +68,8 @@ class Tokens:
     def page(self, cursor: str | None = None, limit: int | None = None) -> Page[Token]:
         """Tokens, oldest first (revoked ones included, marked)."""
         n = paging.limit(limit)
-        key = paging.decode("tokens", cursor, (datetime, str))
-        stmt = sa.select(K).order_by(K.c.created_at, K.c.id).limit(n + 1)
-        if key is not None:
-            stmt = stmt.where(sa.tuple_(K.c.created_at, K.c.id) > sa.tuple_(
-                sa.bindparam("c", key[0], type_=K.c.created_at.type), sa.bindparam("i", key[1])))
         with self.b.tx(read_only=True) as conn:
-            rows = conn.execute(stmt).all()
+            rows = conn.execute(paging.by_creation(K, "tokens", cursor, n)).all()
         return paging.page("tokens", rows, n, lambda r: (aware(r.created_at), r.id), token_record)
 
     def revoke(self, token_id: str) -> Token:

@@ -307,15 +307,7 @@ class S3BlobStore(BlobStoreBase):
             self._raise("get", exc, key)
 
     def _has_raw(self, key: str) -> bool:
-        try:
-            self._client.head_object(Bucket=self.bucket, Key=self._key(key))
-            return True
-        except ClientError as exc:
-            if _error_code(exc) in _NOT_FOUND_CODES:
-                return False
-            self._raise("head", exc, key)
-        except BotoCoreError as exc:
-            self._raise("head", exc, key)
+        return self._modified_raw(key) is not None
 
     def _modified_raw(self, key: str) -> float | None:
         try:

@@ -213,25 +213,20 @@ class SqliteCoordinator:
                 if db is not None:
                     db.close()  # broken, surplus or closed: a failed one never returns to the pool
 
-    @contextmanager
-    def _write(self, op: str) -> Iterator[sqlite3.Connection]:
+    def _write(self, op: str) -> Any:
         """A write transaction. BEGIN IMMEDIATE queues for the write lock up front, so
         two writers never both read and then fail to upgrade (SQLITE_BUSY)."""
-        with self._connection(op) as db:
-            db.execute("BEGIN IMMEDIATE")
-            try:
-                yield db
-            except BaseException:
-                db.rollback()
-                raise
-            db.execute("COMMIT")
+        return self._transaction(op, "BEGIN IMMEDIATE")
 
-    @contextmanager
-    def _read(self, op: str) -> Iterator[sqlite3.Connection]:
+    def _read(self, op: str) -> Any:
         """A read transaction: every statement in it sees the same snapshot (WAL),
         which autocommit statements do not."""
+        return self._transaction(op, "BEGIN")
+
+    @contextmanager
+    def _transaction(self, op: str, begin: str) -> Iterator[sqlite3.Connection]:
         with self._connection(op) as db:
-            db.execute("BEGIN")
+            db.execute(begin)
             try:
                 yield db
             except BaseException:
