@@ -18,7 +18,7 @@ from .settings import Limits
 __all__ = ["normalize_path", "parent_dirs", "normalize_dir"]
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
-_DEFAULT_LIMITS = Limits()
+_DEFAULT_LIMITS = Limits.model_construct()  # the documented defaults; a store passes its own
 
 
 def _deny(reason: str, path: object) -> PathDenied:

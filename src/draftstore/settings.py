@@ -9,8 +9,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field
+from typing import Any
+
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .errors import ConfigInvalid
 
 __all__ = ["Settings", "Limits", "DEFAULT_HOME"]
 
@@ -93,6 +97,22 @@ class Settings(BaseSettings):
         3600.0, description="a turn's event buffer is dropped this long after the turn ends"
     )
     limits: Limits = Field(default_factory=Limits)
+
+    @classmethod
+    def load(cls, **values: Any) -> "Settings":
+        """Settings from the environment (and ``values``); a malformed variable
+        raises ``config.invalid`` naming it, never a validation traceback."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            problems = []
+            for err in exc.errors():
+                name = "DRAFTSTORE_" + "_".join(str(p) for p in err["loc"] if p != "limits").upper()
+                value = err.get("input")
+                shown = f"={value!r}" if isinstance(value, (str, int, float)) else ""
+                problems.append(f"{name}{shown}: {err['msg']}")
+            raise ConfigInvalid("invalid setting " + "; ".join(problems),
+                                settings=[p.split(":", 1)[0] for p in problems]) from exc
 
     def resolved_database_url(self) -> str:
         return self.database_url or f"sqlite:///{self.home / 'draftstore.db'}"

@@ -51,6 +51,11 @@ class Materialized:
     bytes: int
     root: str
     snapshot_id: str | None
+    #: the state that was written: ``version`` or ``draft``, its id, and its JSON documents
+    source_kind: str = ""
+    source_id: str = ""
+    characters: Any = None
+    world_settings: Any = None
 
 
 def snapshot_record(r: Any) -> Snapshot:
@@ -192,12 +197,14 @@ class Snapshots:
             try:
                 raw = self.b.blobs.get(Digest(snap.bundle_key))
                 written = self._extract(raw, view, dest, progress)
-                return Materialized("snapshot", *written, view.root, snap.id)
+                return Materialized("snapshot", *written, view.root, snap.id, kind, source_id,
+                                    view.characters, view.world_settings)
             except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError, tarfile.TarError) as exc:
                 self._mark(snap.id, SnapshotStatus.FAILED, error=f"unusable bundle: {exc}"[:2000])
                 _prepare(dest, replace=True)
         written = self._rebuild(view, dest, progress)
-        return Materialized("rebuild", *written, view.root, None)
+        return Materialized("rebuild", *written, view.root, None, kind, source_id, view.characters,
+                            view.world_settings)
 
     def _usable(self, view: View, kind: str, source_id: str) -> Snapshot | None:
         """A ready snapshot of exactly this tree, if any; the draft's latest snapshot is marked stale

@@ -37,6 +37,7 @@ from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
 from .diff import Diff
 from .drafts import Drafts
+from . import idprefix
 from .projects import Projects
 from .publishing import Publishing
 from .deltas import Deltas
@@ -73,7 +74,7 @@ class Store:
         settings: Settings | None = None,
         cache: ObjectCache | None = None,
     ) -> None:
-        settings = settings or Settings()
+        settings = settings or Settings.load()
         cache = cache if cache is not None else getattr(blobs, "cache", ObjectCache(settings.cache_bytes))
         self._b = b = Backends(engine, blobs, coord, settings, cache)
         self.settings, self.limits = settings, settings.limits
@@ -110,7 +111,7 @@ class Store:
         schema must already be current (``draftstore db upgrade``), else
         ``schema.outdated`` is raised; ``migrate=True`` forces an upgrade.
         """
-        s = settings or Settings()
+        s = settings or Settings.load()
         updates = {k: v for k, v in (("database_url", database_url), ("blob_url", blob_url),
                                      ("coord_url", coord_url)) if v is not None}
         if updates:
@@ -171,6 +172,12 @@ class Store:
     def get_project(self, project_id: str) -> Project:
         """The project's row: head (``current_version_id``) and ``active_draft_id``."""
         return self._projects.get(project_id)
+
+    def resolve_id(self, kind: str, text: str, *, project_id: str | None = None) -> str:
+        """The full id of the ``kind`` record (project, version, turn, token,
+        snapshot) whose id starts with ``text`` (a unique prefix of at least 6
+        characters). Raises ``input.invalid`` or the kind's not-found code."""
+        return idprefix.resolve(self._b, kind, text, project_id=project_id)
 
     def list_projects(self) -> list[Project]:
         """Every project, oldest first."""

@@ -46,6 +46,9 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         raise ConfigInvalid(f"invalid database URL: {exc}", url=url) from exc
     if u.drivername in ("postgresql", "postgres"):
         u = u.set(drivername="postgresql+psycopg")
+    if u.get_backend_name() not in ("sqlite", "postgresql"):
+        raise ConfigInvalid(f"unsupported database URL scheme {u.drivername!r}: use sqlite:///PATH or "
+                            "postgresql://USER@HOST/DB", url=u.render_as_string(hide_password=True))
     # JSON columns: values checked and serialised once by draftstore.validation pass through
     kwargs.setdefault("json_serializer", dump_json)
     if u.get_backend_name() == "sqlite":

@@ -13,9 +13,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy.engine import Engine
+from sqlalchemy import exc as sa_exc
+from sqlalchemy.engine import Connection, Engine
 
-from ..errors import IntegrityError, SchemaOutdated
+from ..errors import BackendUnavailable, IntegrityError, SchemaOutdated
 
 __all__ = ["alembic_config", "upgrade", "current_revision", "head_revision", "check_schema"]
 
@@ -39,7 +40,7 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
         return
     cfg = alembic_config()
     sqlite = engine.dialect.name == "sqlite"
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         if sqlite:
             # SQLite alters a table by copying it and dropping the old one, which
             # the foreign keys of other tables refuse; the pragma only takes
@@ -65,8 +66,17 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config()).get_current_head()
 
 
+def _connect(engine: Engine) -> Connection:
+    """A connection, or ``backend.unavailable`` naming the database that did not answer."""
+    try:
+        return engine.connect()
+    except sa_exc.OperationalError as exc:
+        where = engine.url.render_as_string(hide_password=True)
+        raise BackendUnavailable(f"database unreachable at {where}: {str(exc.orig).splitlines()[0]}") from exc
+
+
 def current_revision(engine: Engine) -> str | None:
-    with engine.connect() as conn:
+    with _connect(engine) as conn:
         return MigrationContext.configure(conn).get_current_revision()
 
 

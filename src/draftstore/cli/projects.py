@@ -1,0 +1,102 @@
+"""Projects and their refs: ``projects``, ``log``, ``publish``, ``discard``, ``rollback``, ``fork``."""
+
+from __future__ import annotations
+
+import click
+
+from .output import clip, echo, emit_json, message_text, table, took, when
+from .root import Ids, actor, json_option, main, open_store
+
+
+@main.command("projects")
+@json_option
+def projects(as_json: bool) -> None:
+    """List projects with their head and draft."""
+    with open_store() as store:
+        items = store.list_projects()
+    if as_json:
+        emit_json(items)
+        return
+    table(("id", "name", "head", "draft"),
+          [(p.id, clip(p.name, 40), p.current_version_id, p.active_draft_id) for p in items])
+
+
+@main.command("log")
+@click.argument("project")
+@json_option
+def log_cmd(project: str, as_json: bool) -> None:
+    """Versions, head moves and turns of a project."""
+    with open_store() as store:
+        project_id = Ids(store).project(project)
+        p = store.get_project(project_id)
+        versions, moves, turns = (store.list_versions(project_id), store.head_moves(project_id),
+                                  store.list_turns(project_id))
+    if as_json:
+        emit_json({"project": p, "versions": versions, "head_moves": moves, "turns": turns})
+        return
+    echo(f"project {p.id}  {clip(p.name, None)}")
+    echo(f"head {p.current_version_id or '-'}  draft {p.active_draft_id or '-'}")
+    echo()
+    table(("#", "version", "files", "created", "summary"),
+          [(f"{v.number}{'*' if v.id == p.current_version_id else ''}", v.id, v.file_count, when(v.created_at),
+            clip(v.summary)) for v in versions], title="versions (* = head)")
+    echo()
+    table(("at", "reason", "from", "to", "by"),
+          [(when(m.at), m.reason, m.from_version_id, m.to_version_id, clip(m.actor, 30) or "-") for m in moves],
+          title="head moves")
+    echo()
+    table(("#", "turn", "status", "started", "took", "user message"),
+          [(t.number, t.id, t.status, when(t.started_at), took(t.started_at, t.ended_at),
+            clip(message_text(t.user_message))) for t in turns], title="turns")
+
+
+@main.command("publish")
+@click.argument("project")
+@click.option("--summary", "-m", default="", help="what this version changes")
+@click.option("--force", is_flag=True, help="publish even if the draft's base is no longer head (no rebase)")
+def publish(project: str, summary: str, force: bool) -> None:
+    """Publish the project's draft as a new version and make it head."""
+    with open_store() as store:
+        v = store.publish(Ids(store).project(project), summary, force=force, actor=actor())
+    echo(f"published version {v.number} {v.id} ({v.file_count} files)")
+
+
+@main.command("discard")
+@click.argument("project")
+@click.option("--yes", "-y", is_flag=True, help="do not ask for confirmation")
+def discard(project: str, yes: bool) -> None:
+    """Drop the project's draft (unpublished work); the project is back at its head."""
+    with open_store() as store:
+        project_id = Ids(store).project(project)
+        if not yes:
+            draft = store.get_draft(project_id)
+            click.confirm(f"discard draft {draft.id} ({draft.status}, {draft.file_count} files) of {project_id}?",
+                          abort=True, err=True)
+        d = store.discard_draft(project_id, actor=actor())
+    echo(f"discarded draft {d.id}; {project_id} is back at its head")
+
+
+@main.command("rollback")
+@click.argument("project")
+@click.argument("version")
+def rollback(project: str, version: str) -> None:
+    """Move the project's head to VERSION (nothing is deleted)."""
+    with open_store() as store:
+        ids = Ids(store)
+        project_id = ids.project(project)
+        version_id = ids.version(version, project_id)
+        store.rollback_to(project_id, version_id, actor=actor())
+        number = store.get_version(version_id).number
+    echo(f"head of {project_id} is now version {number} {version_id}")
+
+
+@main.command("fork")
+@click.argument("version")
+@click.option("--name", default=None, help="the new project's name (default: '<name> (fork)')")
+def fork(version: str, name: str | None) -> None:
+    """A new project whose version 1 is VERSION of another project (objects are shared)."""
+    with open_store() as store:
+        v = store.get_version(Ids(store).version(version))
+        source = store.get_project(v.project_id)
+        p = store.fork_project(v.id, name or f"{source.name} (fork)", actor=actor())
+    echo(f"project {p.id} forked from version {v.number} {v.id} of {source.id}")
