@@ -1,0 +1,55 @@
+"""The MCP server: draftstore's agent tools for any framework that speaks MCP.
+
+- ``serve_stdio(project_id, turn_id)`` — ``draftstore mcp --project P [--turn T]``:
+  opens the store the ``DRAFTSTORE_*`` environment describes and serves the
+  tools over stdio (stdout is the protocol channel: nothing else is written there).
+- ``mcp_http_app()`` — the streamable-HTTP endpoint the service mounts at
+  ``/mcp`` (``/mcp/projects/{project_id}[/turns/{turn_id}]``, agent or admin token).
+
+Tools, bounds, recording and errors: docs/mcp.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+from .tools import READ_TOOLS, TOOL_NAMES, WRITE_TOOLS, AgentTools, Bounds
+
+if TYPE_CHECKING:
+    from .http import McpHttpApp
+
+__all__ = ["serve_stdio", "mcp_http_app", "AgentTools", "Bounds", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES"]
+
+
+def serve_stdio(project_id: str, turn_id: str | None = None) -> None:
+    """Serve the tools of ``project_id`` over stdio until the client closes the connection.
+
+    With ``turn_id`` every call goes through that turn; without it, through the
+    project's running turn at the time of the call (writes need one). Raises
+    ``project.not_found`` / ``turn.not_found`` (a turn of another project is not
+    found either) before serving anything.
+    """
+    from .. import errors as E
+    from ..store import Store
+    from .server import build_server
+
+    with contextlib.redirect_stdout(sys.stderr):  # nothing but the protocol may reach stdout
+        store = Store.from_env()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            store.get_project(project_id)
+            if turn_id is not None and store.get_turn(turn_id, tool_calls=False).project_id != project_id:
+                raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+        agent = AgentTools(store, project_id, turn_id)
+        build_server(lambda _context: agent).run("stdio")
+    finally:
+        store.close()
+
+
+def mcp_http_app(**kwargs: Any) -> "McpHttpApp":
+    """The ASGI app the HTTP service mounts at ``/mcp`` (run its ``lifespan()`` inside the service's)."""
+    from .http import McpHttpApp
+
+    return McpHttpApp(**kwargs)

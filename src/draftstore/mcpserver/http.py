@@ -1,0 +1,152 @@
+"""The MCP tools over streamable HTTP, mounted in the service at ``/mcp``.
+
+URLs (each is one MCP endpoint; POST carries JSON-RPC):
+
+- ``/mcp/projects/{project_id}`` — calls go through the project's running turn
+  at the time of each call (reads without one are served unrecorded);
+- ``/mcp/projects/{project_id}/turns/{turn_id}`` — calls go through that turn.
+
+Every request is authenticated by the service's own ``Authenticator``: an
+agent or admin token (or open mode on loopback); an observer token is
+``auth.forbidden`` (403); a token scoped to another project, an unknown project
+or a turn of another project is not found (404), so ids never leak. Refusals
+are the service's error bodies ``{"code", "message", "details", "retryable"}``.
+
+Stateless streamable HTTP with JSON responses: no session lives in a process,
+so any worker of ``draftstore serve --workers N`` answers any request.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from .. import errors as E
+from ..records import Role
+from ..service.errors import error_response, status_of
+from .server import build_server
+from .tools import AgentTools, Bounds
+
+__all__ = ["McpHttpApp", "SCOPE_KEY"]
+
+SCOPE_KEY = "draftstore.mcp"  # the request scope entry holding the call's AgentTools
+MAX_BODY_BYTES = 65 * 1024 * 1024  # one tool call's arguments are at most 64 MiB (MAX_PAYLOAD_BYTES)
+
+
+def _agent_of(context: Any) -> AgentTools:
+    request = context.request_context.request if context is not None else None
+    agent = request.scope.get(SCOPE_KEY) if request is not None else None
+    if agent is None:  # only the mount below routes requests to this server
+        raise E.InvalidInput("this MCP request did not come through /mcp/projects/{project_id}")
+    return agent
+
+
+class _KnownProjects:
+    """Ids of projects seen to exist (projects are never deleted), bounded LRU."""
+
+    def __init__(self, size: int = 10_000) -> None:
+        self._ids: OrderedDict[str, None] = OrderedDict()
+        self._size = size
+        self._lock = threading.Lock()
+
+    def check(self, store: Any, project_id: str) -> None:
+        with self._lock:
+            if project_id in self._ids:
+                self._ids.move_to_end(project_id)
+                return
+        store.get_project(project_id)  # project.not_found
+        with self._lock:
+            self._ids[project_id] = None
+            while len(self._ids) > self._size:
+                self._ids.popitem(last=False)
+
+
+class McpHttpApp:
+    """ASGI app: authenticate, resolve the project (and turn) from the path, hand the
+    request to the SDK's streamable-HTTP session manager with its ``AgentTools`` attached.
+
+    ``lifespan()`` runs the session manager; the service enters it inside its own lifespan.
+    """
+
+    def __init__(self, bounds: Bounds | None = None) -> None:
+        self.bounds = bounds
+        self.server = build_server(_agent_of)
+        self._manager: StreamableHTTPSessionManager | None = None
+        self._projects = _KnownProjects()
+
+    @asynccontextmanager
+    async def lifespan(self) -> AsyncIterator[None]:
+        # a session manager runs once: a fresh one each time the app starts
+        self.server.streamable_http_app(
+            json_response=True, stateless_http=True, max_request_body_size=MAX_BODY_BYTES,
+            # the tokens guard this endpoint; the Host check would refuse every non-loopback name
+            transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        manager = self.server.session_manager
+        async with manager.run():
+            self._manager = manager
+            try:
+                yield
+            finally:
+                self._manager = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":  # websocket: not served here
+            return
+        try:
+            agent = await self._authorize(scope)
+        except E.DraftstoreError as exc:
+            status = status_of(exc)
+            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+            if isinstance(exc, E.BackendUnavailable):
+                headers = {"Retry-After": "1"}
+            response = error_response(status, exc.code, exc.message, exc.details, headers, exc.retryable)
+            await response(scope, receive, send)
+            return
+        if self._manager is None:
+            response = error_response(503, "backend.unavailable", "the MCP endpoint is not running",
+                                      retryable=True)
+            await response(scope, receive, send)
+            return
+        await self._manager.handle_request({**scope, SCOPE_KEY: agent}, receive, send)
+
+    async def _authorize(self, scope: Scope) -> AgentTools:
+        path = scope["path"]
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):
+            path = path[len(root):]
+        parts = [p for p in path.split("/") if p]
+        if not (len(parts) == 2 and parts[0] == "projects") and \
+                not (len(parts) == 4 and parts[0] == "projects" and parts[2] == "turns"):
+            raise _RouteNotFound()
+        project_id = parts[1]
+        turn_id = parts[3] if len(parts) == 4 else None
+        app = scope["app"]  # the service; its lifespan set the store and the authenticator
+        store, auth = app.state.store, app.state.auth
+        principal = await auth.principal_async(Request(scope))
+        if principal.role not in (Role.ADMIN, Role.AGENT):
+            raise E.Forbidden(f"a {principal.role} token may not use the agent tools", role=principal.role)
+        if not principal.may_see(project_id):
+            raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+        await run_in_threadpool(self._projects.check, store, project_id)
+        if turn_id is not None:
+            owner = await run_in_threadpool(app.state.turn_projects.project_of, store, turn_id)
+            if owner != project_id:
+                raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+        return AgentTools(store, project_id, turn_id, self.bounds)
+
+
+class _RouteNotFound(E.NotFound):
+    code = "route.not_found"
+
+    def __init__(self) -> None:
+        super().__init__("MCP endpoints are /mcp/projects/{project_id} and "
+                         "/mcp/projects/{project_id}/turns/{turn_id}")

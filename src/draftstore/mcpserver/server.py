@@ -1,0 +1,239 @@
+"""The MCP server (official MCP Python SDK, ``MCPServer``) over ``AgentTools``.
+
+``build_server(agent_of)`` registers the ten tools; ``agent_of(context)`` gives
+the ``AgentTools`` a call goes to (one fixed instance over stdio; over HTTP the
+one the mount attached to the request). ``call_tool`` wraps every call: it
+records the start in the turn's history, lets the SDK validate the arguments
+and run the tool, then records the result or the error. Every failure comes
+back as a tool error (``isError``) whose structured content is
+``{"error": {"code", "message", "retryable", ...}}`` with draftstore's stable
+code, and whose text is ``[code] message``.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import functools
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Any, Literal
+
+import anyio
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field, ValidationError
+
+from .. import __version__
+from .. import errors as E
+from .tools import READ_TOOLS, TOOL_NAMES, AgentTools, error_payload
+
+__all__ = ["build_server", "DraftstoreMCP"]
+
+log = logging.getLogger("draftstore.mcp")
+
+INSTRUCTIONS = (
+    "Tools over one draftstore project. Reads (view_file, list_dir, find_files, search_code) see the "
+    "active draft, else the published head. Writes change the draft through the running turn. Every "
+    "call is recorded in the turn's tool history. Errors carry a stable code such as path.not_found, "
+    "path.denied, turn.not_running, patch.invalid, pattern.invalid, input.invalid."
+)
+
+
+@dataclass(frozen=True)
+class _Call:
+    agent: AgentTools
+    turn_id: str | None
+
+
+_CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("draftstore_mcp_call")
+
+
+def _tool(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
+    """A tool body: a draftstore error becomes an anticipated tool error (its cause kept)."""
+
+    @functools.wraps(fn)
+    def run(**kwargs: Any) -> dict[str, Any]:
+        try:
+            return fn(**kwargs)
+        except E.DraftstoreError as exc:
+            raise ToolError(str(exc)) from exc
+
+    return run
+
+
+def _agent() -> AgentTools:
+    return _CALL.get().agent
+
+
+def _turn() -> str:
+    turn_id = _CALL.get().turn_id
+    assert turn_id is not None  # call_tool refuses a write without a turn before the body runs
+    return turn_id
+
+
+Path = Annotated[str, Field(description="a relative path, '/'-separated (e.g. 'src/main.py')")]
+Encoding = Annotated[Literal["utf-8", "base64"], Field(description="how content is given: text, or base64 bytes")]
+Patch = Annotated[list[dict[str, Any]] | dict[str, Any],
+                  Field(description="a JSON Patch (RFC 6902, a list of operations) or a JSON Merge Patch "
+                                    "(RFC 7386, an object)")]
+
+
+@_tool
+def view_file(path: Path,
+              start_line: Annotated[int, Field(description="first line, 1-based")] = 1,
+              end_line: Annotated[int | None, Field(description="last line (inclusive); default: as many "
+                                                                "as the bounds allow")] = None) -> dict[str, Any]:
+    """Read a file of the project's newest state (the draft, else head) as text, by line range.
+    At most 1000 lines / 64 KiB per call: when cut, `truncated` is true and `next_start_line`
+    says where to go on. A binary file returns `binary: true` and no content."""
+    return _agent().view_file(path, start_line, end_line)
+
+
+@_tool
+def list_dir(path: Annotated[str, Field(description="a directory; '' is the root")] = "") -> dict[str, Any]:
+    """List a directory: entries with name, kind (file|dir) and size (bytes, or files below a
+    directory). At most 1000 entries (`truncated` when cut)."""
+    return _agent().list_dir(path)
+
+
+@_tool
+def find_files(glob: Annotated[str, Field(description="'*' and '?' stay in one directory, '**' spans "
+                                                      "directories: '**/*.py' is every Python file")] = "**",
+               max_results: Annotated[int | None, Field(description="1..2000, default 200")] = None
+               ) -> dict[str, Any]:
+    """Paths matching a glob (whole path), sorted; `truncated` when there are more."""
+    return _agent().find_files(glob, max_results)
+
+
+@_tool
+def search_code(pattern: Annotated[str, Field(description="the text to find (a literal unless regex)")],
+                regex: Annotated[bool, Field(description="pattern is an RE2 regular expression")] = False,
+                glob: Annotated[str | None, Field(description="only files matching this glob")] = None,
+                context: Annotated[int, Field(description="lines of context before and after, 0..10")] = 0,
+                ignore_case: bool = False,
+                max_results: Annotated[int | None, Field(description="1..500, default 50")] = None
+                ) -> dict[str, Any]:
+    """Search file contents line by line, like grep. Matches carry path, line_number and line
+    (clipped at 500 characters). `truncated` when more matches exist than max_results."""
+    return _agent().search_code(pattern, regex, glob, context, ignore_case, max_results)
+
+
+@_tool
+def write_file(path: Path, content: str, encoding: Encoding = "utf-8",
+               executable: bool = False) -> dict[str, Any]:
+    """Create or replace one file in the draft (through the running turn)."""
+    return _agent().write_file(_turn(), path, content, encoding, executable)
+
+
+@_tool
+def delete_file(path: Path) -> dict[str, Any]:
+    """Delete one file from the draft (path.not_found if absent)."""
+    return _agent().delete_file(_turn(), path)
+
+
+@_tool
+def move_file(src: Path, dst: Path) -> dict[str, Any]:
+    """Rename a file in the draft, atomically."""
+    return _agent().move_file(_turn(), src, dst)
+
+
+@_tool
+def apply_changes(changes: Annotated[dict[str, str | None],
+                                     Field(description="{path: new content, or null to delete}")],
+                  encoding: Encoding = "utf-8",
+                  executable: Annotated[list[str] | None,
+                                        Field(description="written paths that are executable")] = None
+                  ) -> dict[str, Any]:
+    """Write and delete several files at once, atomically: all or nothing."""
+    return _agent().apply_changes(_turn(), changes, encoding, executable)
+
+
+@_tool
+def patch_characters(patch: Patch) -> dict[str, Any]:
+    """Patch the draft's characters JSON; returns the new value (omitted over 64 KiB, `truncated`)."""
+    return _agent().patch_characters(_turn(), patch)
+
+
+@_tool
+def patch_world_settings(patch: Patch) -> dict[str, Any]:
+    """Patch the draft's world-settings JSON; returns the new value (omitted over 64 KiB, `truncated`)."""
+    return _agent().patch_world_settings(_turn(), patch)
+
+
+TOOLS: tuple[Callable[..., dict[str, Any]], ...] = (
+    view_file, list_dir, find_files, search_code,
+    write_file, delete_file, move_file, apply_changes, patch_characters, patch_world_settings,
+)
+assert {t.__name__ for t in TOOLS} == TOOL_NAMES
+
+
+def error_result(payload: dict[str, Any]) -> CallToolResult:
+    """A tool error carrying a draftstore error payload."""
+    return CallToolResult(content=[TextContent(type="text", text=f"[{payload['code']}] {payload['message']}")],
+                          structured_content={"error": payload}, is_error=True)
+
+
+def _invalid_arguments(exc: ValidationError) -> E.InvalidInput:
+    errors = [{"loc": [str(p) for p in e.get("loc", ())], "msg": e.get("msg", ""), "type": e.get("type", "")}
+              for e in exc.errors()]
+    first = errors[0] if errors else {"loc": [], "msg": "invalid arguments"}
+    where = ".".join(first["loc"]) or "arguments"
+    return E.InvalidInput(f"{where}: {first['msg']}", errors=errors)
+
+
+def _payload_of(exc: BaseException) -> dict[str, Any]:
+    """The draftstore error behind a failed call (walking the SDK's wrappers)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(seen, E.DraftstoreError):
+            return error_payload(seen)
+        if isinstance(seen, ValidationError):
+            return error_payload(_invalid_arguments(seen))
+        seen = seen.__cause__
+    log.error("tool call failed unexpectedly", exc_info=exc)
+    return {"code": "internal", "message": "internal error (logged on the server)", "retryable": False}
+
+
+class DraftstoreMCP(MCPServer):
+    """The draftstore tools; every call recorded in its turn's history."""
+
+    def __init__(self, agent_of: Callable[[Context[Any, Any] | None], AgentTools]) -> None:
+        super().__init__(name="draftstore", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
+        self._agent_of = agent_of
+        for fn in TOOLS:
+            read = fn.__name__ in READ_TOOLS
+            self.add_tool(fn, annotations=ToolAnnotations(read_only_hint=read, destructive_hint=not read,
+                                                          idempotent_hint=read, open_world_hint=False))
+
+    async def call_tool(self, name: str, arguments: dict[str, Any],
+                        context: Context[Any, Any] | None = None) -> Any:
+        if name not in TOOL_NAMES:
+            return error_result(error_payload(E.InvalidInput(f"unknown tool {name!r}", tools=sorted(TOOL_NAMES))))
+        agent = self._agent_of(context)
+        try:
+            rec = await anyio.to_thread.run_sync(agent.begin, name, arguments)
+        except E.DraftstoreError as exc:  # a write without a running turn; args the history refuses
+            return error_result(error_payload(exc))
+        token = _CALL.set(_Call(agent, rec.turn_id))
+        try:
+            result = await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            payload = _payload_of(exc)
+            await anyio.to_thread.run_sync(agent.finish, rec, None, payload)
+            return error_result(payload)
+        except BaseException:  # cancelled, or a protocol error: the history still says how the call ended
+            with anyio.CancelScope(shield=True):
+                await anyio.to_thread.run_sync(agent.finish, rec, None,
+                                               {"code": "cancelled", "message": "the call did not finish",
+                                                "retryable": True})
+            raise
+        finally:
+            _CALL.reset(token)
+        await anyio.to_thread.run_sync(agent.finish, rec, getattr(result, "structured_content", None))
+        return result
+
+
+def build_server(agent_of: Callable[[Context[Any, Any] | None], AgentTools]) -> DraftstoreMCP:
+    return DraftstoreMCP(agent_of)
