@@ -17,8 +17,9 @@ from typing import Any
 from fastapi import FastAPI
 
 from .. import __version__
+from ..mcpserver import mcp_http_app
 from ..store import Store
-from . import errors
+from . import admin, errors
 from .auth import Authenticator, TurnProjects
 from .routes import health, projects, snapshots, states, streams, tokens, turns
 
@@ -41,6 +42,7 @@ def _background(store: Store, stop: threading.Event) -> None:
 def create_app(store: Store | None = None) -> FastAPI:
     """The service app. Without ``store``, one is opened from the environment at
     startup and closed at shutdown."""
+    mcp = mcp_http_app()  # the agent tools over MCP (streamable HTTP), mounted at /mcp below
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -55,7 +57,8 @@ def create_app(store: Store | None = None) -> FastAPI:
             worker = threading.Thread(target=_background, args=(s, stop), name="draftstore-background", daemon=True)
             worker.start()
         try:
-            yield
+            async with mcp.lifespan():
+                yield
         finally:
             stop.set()
             if worker is not None:
@@ -69,6 +72,8 @@ def create_app(store: Store | None = None) -> FastAPI:
 
     for module in (health, projects, turns, states, streams, snapshots, tokens):
         app.include_router(module.router)
+    app.include_router(admin.router)  # the admin web page at /admin (not in the OpenAPI document)
+    app.mount("/mcp", mcp)  # /mcp/projects/{project_id}[/turns/{turn_id}] (docs/mcp.md)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     return app
 

@@ -1,0 +1,140 @@
+// The admin page: login, hash routing, and the pages.
+//   #/                      projects
+//   #/p/<project>           a project: head, draft, versions, head moves, turns, actions
+//   #/p/<project>/diff?a=&b= the diff between two states, side by side
+//   #/t/<turn>              a turn's timeline, live over its SSE stream
+import {h, replace} from "./dom.js";
+import {ApiError, get, session} from "./api.js";
+import {errorBox} from "./ui.js";
+import {projectsPage} from "./projects.js";
+import {projectPage} from "./project.js";
+import {diffPage} from "./diff.js";
+import {turnPage} from "./turn.js";
+
+const main = document.getElementById("main");
+const whoami = document.getElementById("whoami");
+
+let openMode = false;
+let current = null; // {controller, cleanups}
+
+function leave() {
+  if (!current) return;
+  current.controller.abort();
+  for (const fn of current.cleanups) {
+    try { fn(); } catch { /* the page is going away */ }
+  }
+  current = null;
+}
+
+function renderWho() {
+  if (session.token) {
+    const t = session.token;
+    const shown = t.length > 12 ? `${t.slice(0, 12)}…` : "token";
+    replace(whoami, h("span.muted", "signed in with "), h("code", {id: "who-token"}, shown), " ",
+      h("button.secondary.small", {id: "logout", onclick: logout}, "Log out"));
+  } else if (openMode) {
+    replace(whoami, h("span.badge.b-open", {id: "open-mode",
+      title: "No token exists yet: the service answers loopback clients only, each as an admin."},
+    "open mode (loopback, no token configured)"));
+  } else {
+    replace(whoami);
+  }
+}
+
+function logout() {
+  showLogin(null);
+}
+
+/** The login form; a 401 anywhere (token revoked, open mode ended) brings it back with its code. */
+function showLogin(err) {
+  leave();
+  session.token = "";
+  openMode = false;
+  renderWho();
+  document.title = "Log in — draftstore admin";
+  const input = h("input", {type: "password", id: "token", name: "token", autocomplete: "off",
+    placeholder: "dst_…", required: true, size: 60});
+  const status = h("div", {id: "login-status"});
+  if (err) status.append(errorBox(err));
+  const form = h("form.card.login", {id: "login-form", onsubmit: async (ev) => {
+    ev.preventDefault();
+    session.token = input.value.trim();
+    const button = form.querySelector("button");
+    button.disabled = true;
+    replace(status, h("span.muted", "Checking…"));
+    try {
+      await get("/v1/projects?limit=1");
+      renderWho();
+      if (!location.hash || location.hash === "#/login") location.hash = "#/";
+      else route();
+    } catch (e) {
+      session.token = "";
+      renderWho();
+      // a 401 has already redrawn this form with its code; anything else is shown here
+      if (e.status !== 401) replace(status, errorBox(e, "Log in failed"));
+    } finally {
+      button.disabled = false;
+    }
+  }},
+  h("h1", "Log in"),
+  h("p.muted", "Paste an API token (admin, agent or observer; ",
+    h("code", "draftstore token create --role admin"),
+    "). It is kept in this tab's session storage only and sent as a bearer header."),
+  h("label", {for: "token"}, "Token"), input,
+  h("div.actions", h("button", {type: "submit", id: "login-submit"}, "Log in")),
+  status);
+  replace(main, form);
+  input.focus();
+}
+
+function parseHash() {
+  const raw = location.hash.replace(/^#/, "") || "/";
+  const [path, query = ""] = raw.split("?");
+  const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
+  return {parts, params: new URLSearchParams(query)};
+}
+
+async function route() {
+  leave();
+  if (!session.token && !openMode) return showLogin(null);
+  const {parts, params} = parseHash();
+  const ctx = {controller: new AbortController(), cleanups: []};
+  ctx.signal = ctx.controller.signal;
+  ctx.onLeave = (fn) => ctx.cleanups.push(fn);
+  current = ctx;
+  replace(main, h("p.muted", "Loading…"));
+  try {
+    if (parts.length === 0) await projectsPage(main, ctx);
+    else if (parts[0] === "p" && parts.length === 2) await projectPage(main, ctx, parts[1]);
+    else if (parts[0] === "p" && parts[2] === "diff") await diffPage(main, ctx, parts[1], params);
+    else if (parts[0] === "t" && parts.length === 2) await turnPage(main, ctx, parts[1]);
+    else if (parts[0] === "login") location.hash = "#/";
+    else replace(main, errorBox(new ApiError(404, {code: "route.not_found", message: `no page ${location.hash}`})));
+  } catch (err) {
+    if (err && err.name === "AbortError") return;
+    if (current === ctx) replace(main, errorBox(err));
+  }
+}
+
+async function start() {
+  window.addEventListener("draftstore:unauthorized", (ev) => showLogin(ev.detail));
+  window.addEventListener("hashchange", route);
+  if (!session.token) {
+    // open loopback mode: the API answers without a token while none exists
+    try {
+      await get("/v1/projects?limit=1");
+      openMode = true;
+    } catch (err) {
+      if (!(err instanceof ApiError) || err.status !== 401) {
+        renderWho();
+        replace(main, errorBox(err, "The service did not answer"));
+        return;
+      }
+      return; // the unauthorized event showed the login form
+    }
+  }
+  renderWho();
+  route();
+}
+
+start();

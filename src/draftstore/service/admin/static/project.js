@@ -1,0 +1,234 @@
+// #/p/<project> — head, draft status, actions (publish, discard, roll back),
+// versions, turns and head moves. Refreshes itself on the project's committed
+// events (version.published, head.moved, draft.discarded).
+import {badge, h, messageText, preview, replace, section, short, when, duration} from "./dom.js";
+import {allPages, enc, follow, get, post} from "./api.js";
+import {attempt, busy, confirmAction, errorBox} from "./ui.js";
+
+export async function projectPage(main, ctx, projectId) {
+  const base = `/v1/projects/${enc(projectId)}`;
+  const project = await get(base, {signal: ctx.signal});
+  document.title = `${project.name} — draftstore admin`;
+
+  const headCard = h("section.card", {id: "head"});
+  const draftCard = h("section.card", {id: "draft"});
+  const actionStatus = h("div", {id: "action-status"});
+  const versionsBox = h("div", {id: "versions"});
+  const turnsBox = h("div", {id: "turns"});
+  const movesBox = h("div", {id: "head-moves"});
+
+  replace(main,
+    h("div.crumbs", h("a", {href: "#/"}, "Projects"), " / ", h("span", project.name)),
+    h("h1", {id: "project-name"}, project.name, " ", h("code.muted", {title: project.id}, short(project.id))),
+    h("div.toolbar",
+      h("a.button.secondary", {href: `#/p/${enc(projectId)}/diff`, id: "compare"}, "Compare states…")),
+    actionStatus,
+    h("div.grid2", headCard, draftCard),
+    section("Versions", versionsBox),
+    section("Turns", turnsBox),
+    section("Head moves", movesBox));
+
+  let versions = [];
+  const numberOf = (id) => {
+    const v = versions.find((x) => x.id === id);
+    return v ? `v${v.number}` : short(id);
+  };
+
+  function notice(text) {
+    replace(actionStatus, h("div.notice", {role: "status"}, text));
+  }
+
+  async function act(button, what, call, done) {
+    await busy(button, async () => {
+      replace(actionStatus, h("span.muted", `${what}…`));
+      try {
+        const result = await call();
+        notice(done(result));
+      } catch (err) {
+        if (err && err.name === "AbortError") return;
+        replace(actionStatus, errorBox(err, `${what} failed`));
+      }
+      await refresh();
+    });
+  }
+
+  async function publish(ev) {
+    const values = await confirmAction({
+      title: "Publish the draft?",
+      text: "The draft becomes a new immutable version and the project's head.",
+      okLabel: "Publish",
+      fields: [{name: "summary", label: "Summary", placeholder: "what changed"},
+               {name: "force", label: "force (publish even if the draft's base is no longer head)", type: "checkbox"}],
+    });
+    if (!values) return;
+    await act(ev.target, "Publish", () => post(`${base}/publish`, {summary: values.summary, force: values.force}),
+      (v) => `Published version ${v.number}.`);
+  }
+
+  async function discard(ev) {
+    const values = await confirmAction({
+      title: "Discard the draft?",
+      text: "Its unpublished work is dropped; a running turn ends rolled back. Versions are not touched.",
+      okLabel: "Discard", danger: true,
+    });
+    if (!values) return;
+    await act(ev.target, "Discard", () => post(`${base}/discard`, {}), () => "The draft was discarded.");
+  }
+
+  async function rollback(ev, version) {
+    const values = await confirmAction({
+      title: `Roll head back to v${version.number}?`,
+      text: `Head moves from ${numberOf(project.current_version_id)} to v${version.number}. ` +
+            "No version is deleted, and the move is recorded.",
+      okLabel: `Roll back to v${version.number}`, danger: true,
+    });
+    if (!values) return;
+    await act(ev.target, "Roll back", () => post(`${base}/rollback`, {version_id: version.id}),
+      () => `Head is now v${version.number}.`);
+  }
+
+  function renderHead() {
+    const head = versions.find((v) => v.id === project.current_version_id);
+    replace(headCard, h("h2", "Head"),
+      head
+        ? h("div",
+          h("div.big", {id: "head-number"}, `v${head.number}`),
+          h("div", head.summary ? head.summary : h("span.muted", "(no summary)")),
+          h("dl.meta",
+            h("dt", "version"), h("dd", h("code", head.id)),
+            h("dt", "files"), h("dd", String(head.file_count)),
+            h("dt", "published"), h("dd", when(head.created_at), head.created_by ? ` by ${head.created_by}` : "")))
+        : h("div.muted", project.current_version_id ? short(project.current_version_id) : "no version"));
+  }
+
+  async function renderDraft() {
+    let draft = null;
+    let error = null;
+    try {
+      draft = await get(`${base}/draft`, {signal: ctx.signal});
+    } catch (err) {
+      if (err && err.name === "AbortError") throw err;
+      error = err;
+    }
+    if (error && error.code === "draft.none") {
+      replace(draftCard, h("h2", "Draft"), h("div.muted", {id: "draft-status"}, "No open draft."));
+      return;
+    }
+    if (error) {
+      replace(draftCard, h("h2", "Draft"), errorBox(error, "Draft"));
+      return;
+    }
+    const stale = draft.base_version_id && draft.base_version_id !== project.current_version_id;
+    replace(draftCard, h("h2", "Draft"),
+      h("div", {id: "draft-status"}, badge(draft.status), stale ? h("span.badge.b-failed", "base is not head") : null),
+      h("dl.meta",
+        h("dt", "base"), h("dd", draft.base_version_id ? numberOf(draft.base_version_id) : "—"),
+        h("dt", "revision"), h("dd", String(draft.revision)),
+        h("dt", "files"), h("dd", String(draft.file_count)),
+        h("dt", "last turn"), h("dd", draft.last_turn_id
+          ? h("a", {href: `#/t/${enc(draft.last_turn_id)}`}, short(draft.last_turn_id)) : "—"),
+        h("dt", "opened"), h("dd", when(draft.created_at))),
+      draft.partial_response != null
+        ? h("details", h("summary", "partial response"), h("pre", messageText(draft.partial_response))) : null,
+      h("div.actions",
+        h("button", {id: "publish", onclick: publish}, "Publish…"),
+        h("button.danger", {id: "discard", onclick: discard}, "Discard…"),
+        h("a.button.secondary", {href: `#/p/${enc(projectId)}/diff?a=head&b=draft`, id: "diff-draft"},
+          "Diff draft vs head")));
+  }
+
+  function renderVersions(truncated) {
+    const rows = [...versions].reverse().map((v) => {
+      const isHead = v.id === project.current_version_id;
+      const parent = v.parent_version_id;
+      return h("tr", {dataset: {version: v.id, number: String(v.number)}, class: isHead ? "is-head" : ""},
+        h("td", h("strong", `v${v.number}`), isHead ? h("span.badge.b-head", "head") : null),
+        h("td", v.summary),
+        h("td.num", String(v.file_count)),
+        h("td", v.created_by || ""),
+        h("td", when(v.created_at)),
+        h("td", v.created_by_turn_id ? h("a", {href: `#/t/${enc(v.created_by_turn_id)}`}, short(v.created_by_turn_id)) : ""),
+        h("td.row-actions",
+          parent ? h("a", {href: `#/p/${enc(projectId)}/diff?a=${enc(parent)}&b=${enc(v.id)}`}, "diff vs parent") : null,
+          !isHead ? h("a", {href: `#/p/${enc(projectId)}/diff?a=${enc(v.id)}&b=head`}, "diff vs head") : null,
+          !isHead ? h("button.small.danger", {class: "rollback", onclick: (ev) => rollback(ev, v)}, "Roll back here…") : null));
+    });
+    replace(versionsBox,
+      h("table", {id: "versions-table"},
+        h("thead", h("tr", ["version", "summary", "files", "by", "published", "turn", ""].map((x) => h("th", x)))),
+        h("tbody", rows)),
+      truncated ? h("p.muted", "Older versions not shown.") : null);
+  }
+
+  async function renderTurns() {
+    const [page, err] = await attempt(allPages(`${base}/turns`, {signal: ctx.signal, max: 1000}), turnsBox, "Turns");
+    if (err) return;
+    const rows = [...page.items].reverse().map((t) => h("tr", {dataset: {turn: t.id}},
+      h("td", h("a", {href: `#/t/${enc(t.id)}`}, `#${t.number}`)),
+      h("td", badge(t.status), t.end_reason ? h("span.muted", ` ${t.end_reason}`) : null),
+      h("td.msg", preview(messageText(t.user_message), 100)),
+      h("td", t.actor || ""),
+      h("td", when(t.started_at)),
+      h("td.num", duration(t.started_at, t.ended_at))));
+    replace(turnsBox, rows.length
+      ? h("table", {id: "turns-table"},
+        h("thead", h("tr", ["turn", "status", "user message", "actor", "started", "took"].map((x) => h("th", x)))),
+        h("tbody", rows))
+      : h("p.muted", "No turns yet."));
+  }
+
+  async function renderMoves() {
+    const [page, err] = await attempt(allPages(`${base}/head-moves`, {signal: ctx.signal}), movesBox, "Head moves");
+    if (err) return;
+    const rows = [...page.items].reverse().map((m) => h("tr", {dataset: {reason: m.reason}},
+      h("td", when(m.at)),
+      h("td", badge(m.reason)),
+      h("td", m.from_version_id ? numberOf(m.from_version_id) : "—", " → ", m.to_version_id ? numberOf(m.to_version_id) : "—"),
+      h("td", m.actor || ""),
+      h("td", m.turn_id ? h("a", {href: `#/t/${enc(m.turn_id)}`}, short(m.turn_id)) : "")));
+    replace(movesBox, h("table", {id: "moves-table"},
+      h("thead", h("tr", ["when", "reason", "move", "actor", "turn"].map((x) => h("th", x)))),
+      h("tbody", rows)));
+  }
+
+  let refreshing = null;
+  let again = false;
+  async function refresh() {
+    if (refreshing) { // one more round after this one: it may have read before the change
+      again = true;
+      return refreshing;
+    }
+    refreshing = (async () => {
+      try {
+        Object.assign(project, await get(base, {signal: ctx.signal}));
+        const page = await allPages(`${base}/versions`, {signal: ctx.signal, max: 5000});
+        versions = page.items;
+        renderHead();
+        renderVersions(page.truncated);
+        await Promise.all([renderDraft(), renderTurns(), renderMoves()]);
+      } catch (err) {
+        if (err && err.name === "AbortError") return;
+        replace(actionStatus, errorBox(err));
+      } finally {
+        refreshing = null;
+      }
+      if (again && !ctx.signal.aborted) {
+        again = false;
+        await refresh();
+      }
+    })();
+    return refreshing;
+  }
+
+  await refresh();
+
+  let timer = null;
+  const stream = follow(`${base}/events`, {
+    onEvent: (e) => {
+      if (e.type === "stream.end") return;
+      clearTimeout(timer);
+      timer = setTimeout(refresh, 150);
+    },
+  });
+  ctx.onLeave(() => { stream.close(); clearTimeout(timer); });
+}

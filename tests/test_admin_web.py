@@ -1,0 +1,366 @@
+"""The admin web page (``/admin``), in a real browser and over plain HTTP.
+
+Browser tests drive Debian's headless Chromium (``/usr/bin/chromium``, or
+``DRAFTSTORE_CHROMIUM``) through Playwright against the real service started
+by ``service_factory``. They run on the **embedded stack only**: the page
+talks to nothing but the HTTP API, which the service tests cover on both
+stacks, and one stack keeps this file well inside its time budget. Without
+Chromium (or Playwright) they skip, except with ``DRAFTSTORE_REQUIRE_REAL=1``
+(CI), where that is a failure.
+
+Screenshots of the main pages go to ``test-artifacts/admin/`` at the repo root.
+
+The route test (no browser) runs on both stacks: the page and its assets are
+served with the right content types, without a token, and the page's first
+API call works in open loopback mode.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from draftstore.service.admin import STATIC_DIR
+from service_fixtures import Service
+from services import require_real
+
+CHROMIUM = os.environ.get("DRAFTSTORE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync"]
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "admin"
+WAIT_MS = 15_000  # a loaded 2-core machine: generous, only ever reached on failure
+
+EMBEDDED = pytest.mark.parametrize("stack", ["embedded"], indirect=True)
+
+MARKUP = "add a dragon [/x] <script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">"
+
+
+def _unavailable(why: str) -> None:
+    if require_real():
+        pytest.fail(f"the browser tests need Chromium and Playwright (DRAFTSTORE_REQUIRE_REAL=1): {why}")
+    pytest.skip(f"browser tests: {why}")
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).is_file():
+        _unavailable(f"no Chromium at {CHROMIUM}")
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:  # pragma: no cover - a test dependency
+        _unavailable(f"playwright is not installed ({exc})")
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh tab (own sessionStorage); any uncaught script error fails the test."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=WAIT_MS)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.set_default_timeout(WAIT_MS)
+    pg = context.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda exc: errors.append(str(exc)))
+    yield pg
+    context.close()
+    assert not errors, f"uncaught errors in the page: {errors}"
+
+
+def shot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
+
+
+def login(page: Any, service: Service, secret: str | None) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(f"{service.url}/admin")
+    expect(page.locator("#login-form")).to_be_visible()
+    page.fill("#token", secret or "")
+    page.click("#login-submit")
+    expect(page.locator("#projects")).to_be_visible()
+
+
+def confirm(page: Any, **fields: str) -> None:
+    from playwright.sync_api import expect
+
+    dialog = page.locator("dialog#confirm")
+    expect(dialog).to_be_visible()
+    for name, value in fields.items():
+        dialog.locator(f"#confirm-{name}").fill(value)
+    dialog.locator("#confirm-ok").click()
+    expect(dialog).to_be_hidden()
+
+
+def call_row(page: Any, seq: int) -> Any:
+    return page.locator(f"#tool-calls li.call[data-seq='{seq}']")
+
+
+# -- the whole story, as an admin ---------------------------------------------------------
+@EMBEDDED
+def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Service, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("game <b>one</b>", files={"main.py": "print(1)\n", "src/util.py": "X = 1\n"},
+                                   characters={"hero": {"hp": 10}}, world_settings={"era": "bronze"})
+    v1 = project.current_version_id
+    turn = store.start_turn(project.id, MARKUP, actor="agent-7")
+    store.tool_started(turn.id, "view_file", {"path": "main.py"})
+    store.tool_completed(turn.id, 1, {"content": "<b>print(1)</b>"})
+    api = service.client()
+
+    # log in: a wrong token shows its code, the admin token shows the projects
+    page.goto(f"{service.url}/admin")
+    expect(page.locator("#login-form")).to_be_visible()
+    shot(page, "01-login")
+    page.fill("#token", "dst_not_a_token")
+    page.click("#login-submit")
+    expect(page.locator("#login-form .error .errcode")).to_have_text("auth.invalid")
+    page.fill("#token", service.admin or "")
+    page.click("#login-submit")
+    link = page.locator("#projects a.project-link", has_text="game")
+    expect(link).to_have_text("game <b>one</b>")  # stored text, shown as text
+    assert page.evaluate("sessionStorage.getItem('draftstore.admin.token')") == service.admin
+    shot(page, "02-projects")
+
+    # the project: head v1, a running draft, the turn
+    link.click()
+    expect(page.locator("#head-number")).to_have_text("v1")
+    expect(page.locator("#draft-status")).to_contain_text("running")
+    expect(page.locator("#turns-table tbody tr")).to_have_count(1)
+    page.locator(f"#turns-table tr[data-turn='{turn.id}'] a").click()
+
+    # the timeline: what is recorded so far, then what a backend records while the page is open
+    expect(page.locator("#user-message pre")).to_have_text(MARKUP)
+    expect(call_row(page, 1)).to_have_attribute("data-status", "completed")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "live")
+    page.evaluate("window.__sameDocument = true")
+
+    r = api.post(f"/v1/turns/{turn.id}/tool-calls", json={"tool_name": "write_file", "args": {"path": "dragon.py"}})
+    assert r.status_code == 201 and r.json()["seq"] == 2
+    expect(call_row(page, 2)).to_have_attribute("data-status", "started")
+    expect(call_row(page, 2).locator(".tool")).to_have_text("write_file")
+    assert api.put(f"/v1/turns/{turn.id}/files/dragon.py", content=b"class Dragon:\n    hp = 99\n").status_code == 204
+    assert api.post(f"/v1/turns/{turn.id}/tool-calls/2/complete", json={"result": {"ok": True}}).status_code == 204
+    expect(call_row(page, 2)).to_have_attribute("data-status", "completed")
+    expect(call_row(page, 2).locator(".took")).to_contain_text("s")  # a duration (ms or s)
+
+    # a call that needs approval: approved from the page
+    r = api.post(f"/v1/turns/{turn.id}/tool-calls",
+                 json={"tool_name": "rm", "args": {"path": "src/util.py"}, "needs_approval": True})
+    assert r.json()["seq"] == 3
+    expect(call_row(page, 3)).to_have_attribute("data-status", "awaiting_approval")
+    call_row(page, 3).locator("button.approve").click()
+    confirm(page, reason="fine <i>by me</i>")
+    expect(call_row(page, 3)).to_have_attribute("data-status", "started")
+    expect(call_row(page, 3).locator(".approval")).to_contain_text("approved")
+    expect(call_row(page, 3).locator(".approval")).to_contain_text("fine <i>by me</i>")
+    assert api.post(f"/v1/turns/{turn.id}/tool-calls/3/complete", json={"result": "<script>x</script>"}).status_code == 204
+    expect(call_row(page, 3)).to_have_attribute("data-status", "completed")
+
+    # a failed call, patched documents and streamed assistant text, recorded through the store directly
+    seq = store.tool_started(turn.id, "run_tests", {"cmd": "pytest"}).seq
+    store.tool_failed(turn.id, seq, "1 failed: <b>test_dragon</b>")
+    expect(call_row(page, 4)).to_have_attribute("data-status", "failed")
+    expect(call_row(page, 4).locator("details.err pre")).to_have_text("1 failed: <b>test_dragon</b>")
+    store.patch_characters(turn.id, {"hero": {"hp": 12}, "dragon": {"hp": 99}})
+    store.patch_world_settings(turn.id, {"era": "iron"})
+    for text in ("A dragon ", "now lives ", "here."):
+        assert api.post(f"/v1/turns/{turn.id}/deltas", json={"text": text}).status_code == 204
+    expect(page.locator("#live-text pre")).to_have_text("A dragon now lives here.")
+    call_row(page, 1).locator("details[data-part='result'] summary").click()
+    expect(call_row(page, 1).locator("details[data-part='result'] pre")).to_contain_text("<b>print(1)</b>")
+    shot(page, "03-turn-live")
+
+    assert api.post(f"/v1/turns/{turn.id}/complete", json={"assistant_message": "Added a <dragon>."}).status_code == 200
+    expect(page.locator("#turn-status")).to_have_text("completed")
+    expect(page.locator("#assistant-message")).to_have_text("Added a <dragon>.")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "ended")
+    expect(page.locator("#tool-calls li.call")).to_have_count(4)
+    assert page.evaluate("window.__sameDocument") is True  # updated in place, never reloaded
+    assert page.evaluate("window.__xss") is None
+    shot(page, "04-turn-completed")
+
+    # publish from the project page
+    page.locator(".crumbs a").nth(1).click()
+    expect(page.locator("#draft-status")).to_contain_text("paused")
+    page.click("#publish")
+    confirm(page, summary="a dragon")
+    expect(page.locator("#action-status .notice")).to_have_text("Published version 2.")
+    expect(page.locator("#head-number")).to_have_text("v2")
+    expect(page.locator("#draft-status")).to_have_text("No open draft.")
+    v2 = store.get_project(project.id).current_version_id
+    assert v2 != v1
+
+    # the diff v1 -> v2, side by side
+    page.locator(f"#versions-table tr[data-version='{v2}'] a", has_text="diff vs parent").click()
+    expect(page.locator("#diff-summary")).to_contain_text("1 file changed (1 added)")
+    added = page.locator("#diff-files .file[data-path='dragon.py']")
+    expect(added.locator("td.add")).to_have_text(["class Dragon:", "    hp = 99"])
+    chars = page.locator("#diff-characters")
+    expect(chars.locator("td.del")).to_contain_text(['"hp": 10'])
+    expect(chars.locator("td.add")).to_contain_text(['"hp": 12'])
+    expect(chars.locator("td.add").first).to_contain_text('"dragon": {')
+    expect(page.locator("#diff-world td.del")).to_have_text(['  "era": "bronze"'])
+    expect(page.locator("#diff-world td.add")).to_have_text(['  "era": "iron"'])
+    shot(page, "05-diff")
+
+    # roll back to v1 while a new draft (based on v2) is open; publishing it then is a conflict, shown by code
+    store.start_turn(project.id, "more dragons")
+    page.locator(".crumbs a").nth(1).click()
+    expect(page.locator("#draft-status")).to_contain_text("running")
+    page.locator(f"#versions-table tr[data-version='{v1}'] button.rollback").click()
+    confirm(page)
+    expect(page.locator("#action-status .notice")).to_have_text("Head is now v1.")
+    expect(page.locator("#head-number")).to_have_text("v1")
+    expect(page.locator("#moves-table tbody tr").first).to_have_attribute("data-reason", "rollback")
+    assert store.get_project(project.id).current_version_id == v1
+    page.click("#publish")
+    confirm(page, summary="stale")
+    expect(page.locator("#action-status .error .errcode")).to_have_text("draft.conflict")
+    assert store.get_project(project.id).current_version_id == v1
+    shot(page, "06-project-conflict")
+
+    # discard: the draft is gone
+    page.click("#discard")
+    confirm(page)
+    expect(page.locator("#action-status .notice")).to_have_text("The draft was discarded.")
+    expect(page.locator("#draft-status")).to_have_text("No open draft.")
+
+
+# -- an observer ----------------------------------------------------------------------------
+@EMBEDDED
+def test_an_observer_sees_published_versions_and_is_denied_the_draft_cleanly(service: Service, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("watched", files={"a.txt": "one\n"})
+    v1 = project.current_version_id
+    first = store.start_turn(project.id, "two")
+    store.write_file(first.id, "a.txt", "two\n")
+    store.complete_turn(first.id, "done")
+    v2 = store.publish(project.id, "second").id
+    turn = store.start_turn(project.id, "secret work")
+    store.write_file(turn.id, "secret.txt", "draft only\n")
+
+    login(page, service, service.token("observer"))
+    page.locator("#projects a.project-link", has_text="watched").click()
+    expect(page.locator("#head-number")).to_have_text("v2")
+    expect(page.locator("#versions-table tbody tr")).to_have_count(2)
+    expect(page.locator("#draft .error .errcode")).to_have_text("auth.forbidden")
+    expect(page.locator("#turns .error .errcode")).to_have_text("auth.forbidden")
+    expect(page.locator("#publish")).to_have_count(0)
+    shot(page, "07-observer-project")
+
+    # rolling back is an admin's: refused, with the code, and head stays
+    page.locator(f"#versions-table tr[data-version='{v1}'] button.rollback").click()
+    confirm(page)
+    expect(page.locator("#action-status .error .errcode")).to_have_text("auth.forbidden")
+    assert store.get_project(project.id).current_version_id == v2
+
+    # published versions diff fine; the draft does not
+    page.locator(f"#versions-table tr[data-version='{v2}'] a", has_text="diff vs parent").click()
+    expect(page.locator("#diff-files td.del")).to_have_text(["one"])
+    expect(page.locator("#diff-files td.add")).to_have_text(["two"])
+    page.goto(f"{service.url}/admin#/p/{project.id}/diff?a=head&b=draft")
+    expect(page.locator("#diff-result .error .errcode")).to_have_text("auth.forbidden")
+    assert page.locator("text=secret.txt").count() == 0
+    shot(page, "08-observer-diff-denied")
+
+    # the turn's timeline is not an observer's either
+    page.goto(f"{service.url}/admin#/t/{turn.id}")
+    expect(page.locator("#main .error .errcode")).to_have_text("auth.forbidden")
+    assert page.locator("#tool-calls").count() == 0
+
+
+# -- open loopback mode and the SSE parser, in the browser ----------------------------------
+@EMBEDDED
+def test_open_mode_needs_no_login_and_the_sse_parser_handles_split_lines(service_factory: Any, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    svc = service_factory(with_admin=False)
+    svc.store.create_project("open <project>")
+    page.goto(f"{svc.url}/admin")
+    expect(page.locator("#open-mode")).to_be_visible()
+    expect(page.locator("#projects a.project-link")).to_have_text("open <project>")
+    assert page.locator("#login-form").count() == 0
+
+    # CRLF split across chunks, comments, an id-only event, multi-line data
+    got = page.evaluate("""async () => {
+        const {SSEParser} = await import('/admin/static/api.js');
+        const events = [], ids = [];
+        const p = new SSEParser((e) => events.push(e), (id) => ids.push(id));
+        for (const chunk of [': ping\\r', '\\n\\r\\nid: e:1\\r\\nevent: tool.started\\r', '\\ndata: {"seq"',
+                             ': 1}\\r\\n\\r', '\\nid: e:2\\r\\n\\r\\n', 'data: a\\ndata: b\\n\\n']) p.push(chunk);
+        return {events, ids};
+    }""")
+    assert got["events"] == [{"type": "tool.started", "data": '{"seq": 1}', "id": "e:1"},
+                             {"type": "message", "data": "a\nb", "id": "e:2"}]
+    assert got["ids"] == ["e:1", "e:2"]
+
+
+# -- the routes, without a browser ----------------------------------------------------------
+def test_the_page_and_its_assets_are_served_with_their_types_and_no_token(service_factory: Any) -> None:
+    svc = service_factory(with_admin=False)  # open loopback mode: no token exists
+    c = svc.client(token=None)
+    for path in ("/admin", "/admin/"):
+        r = c.get(path)
+        assert r.status_code == 200, r.text
+        assert r.headers["content-type"] == "text/html; charset=utf-8"
+        assert "script-src 'self'" in r.headers["content-security-policy"]
+        assert r.headers["x-content-type-options"] == "nosniff"
+        assert '<script type="module" src="/admin/static/app.js">' in r.text
+
+    types = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8",
+             ".html": "text/html; charset=utf-8"}
+    names = sorted(p.name for p in STATIC_DIR.iterdir() if p.is_file())
+    assert {"index.html", "app.js", "admin.css"} <= set(names)
+    for name in names:
+        r = c.get(f"/admin/static/{name}")
+        assert r.status_code == 200, name
+        assert r.headers["content-type"] == types[Path(name).suffix], name
+        assert r.content == (STATIC_DIR / name).read_bytes()
+    # every module the page imports is shipped, flat in the folder
+    index = (STATIC_DIR / "index.html").read_text()
+    referenced = set(re.findall(r'/admin/static/([\w.-]+)', index))
+    for name in names:
+        if name.endswith(".js"):
+            referenced |= set(re.findall(r'from "\./([\w.-]+)"', (STATIC_DIR / name).read_text()))
+    assert referenced <= set(names), referenced - set(names)
+
+    # nothing but the shipped files: no other type, no paths, nothing hidden
+    for bad in ("nope.js", "__init__.py", "..%2F__init__.py", ".hidden.js", "%2E%2E%2Fadmin%2F__init__.py"):
+        r = c.get(f"/admin/static/{bad}")
+        assert r.status_code == 404, bad
+        assert r.json()["code"] == "route.not_found"
+    assert c.get("/admin/static/../__init__.py").status_code == 404
+
+    # the page's first call works without a token from loopback; the admin routes are not API
+    assert c.get("/v1/projects?limit=1").status_code == 200
+    assert not [p for p in httpx.get(f"{svc.url}/openapi.json").json()["paths"] if p.startswith("/admin")]
+
+
+def test_no_stored_text_goes_through_innerHTML() -> None:
+    """The page builds every node with textContent / createTextNode; markup sinks are not used at all."""
+    sinks = re.compile(r"innerHTML|outerHTML|insertAdjacentHTML|document\.write|\beval\(|new Function")
+    for path in STATIC_DIR.glob("*.js"):
+        assert not sinks.search(path.read_text()), path.name
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(pytest.main([__file__, "-q"]))
