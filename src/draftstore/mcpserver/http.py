@@ -133,7 +133,7 @@ class McpHttpApp:
         store, auth = app.state.store, app.state.auth
         principal = await auth.principal_async(Request(scope))
         if principal.role not in (Role.ADMIN, Role.AGENT):
-            raise E.Forbidden(f"a {principal.role} token may not use the agent tools", role=principal.role)
+            raise E.Forbidden(f"an {principal.role} token may not use the agent tools", role=principal.role)
         if not principal.may_see(project_id):
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         await run_in_threadpool(self._projects.check, store, project_id)

@@ -1,0 +1,265 @@
+"""The MCP server, driven by the MCP SDK's own client.
+
+- over stdio: ``python -m draftstore.cli mcp --project P [--turn T]`` spawned on an
+  embedded store (``DRAFTSTORE_HOME``): every tool, its writes in the draft, every
+  call in the turn's history, truncation markers, typed errors that change nothing,
+  and the running turn chosen at the time of each call when no turn is named;
+- over HTTP: the service (both stacks) at ``/mcp/projects/{P}[/turns/{T}]`` with a
+  bearer token; observers, other projects' tokens and other projects' turns refused.
+"""
+
+from __future__ import annotations
+
+import base64
+import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import httpx2
+import pytest
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+from draftstore import Settings, Store
+from draftstore.mcpserver import TOOL_NAMES
+from service_fixtures import Service
+
+BIG = "".join(f"line {i}\n" for i in range(1, 1501))  # over view_file's 1000-line bound
+FILES = {"main.py": "print(1)\n", "src/util.py": "X = 1\n", "big.txt": BIG,
+         "docs/notes.md": "TODO one\nTODO two\nTODO three\n"}
+
+
+# -- clients -----------------------------------------------------------------------------
+@asynccontextmanager
+async def stdio_session(home: Path, *args: str) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=sys.executable, args=["-m", "draftstore.cli", "mcp", *args],
+                                   env={"DRAFTSTORE_HOME": str(home)}, cwd=str(home))
+    async with stdio_client(params) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+@asynccontextmanager
+async def http_session(url: str, token: str) -> AsyncIterator[ClientSession]:
+    async with httpx2.AsyncClient(headers={"authorization": f"Bearer {token}"}, timeout=60) as client, \
+            streamable_http_client(url, http_client=client) as (read, write), \
+            ClientSession(read, write) as session:
+        await session.initialize()
+        yield session
+
+
+def ok(result: Any) -> dict[str, Any]:
+    assert not result.is_error, result.content
+    return result.structured_content
+
+
+def code(result: Any) -> str:
+    assert result.is_error, result.structured_content
+    error = result.structured_content["error"]
+    assert result.content[0].text.startswith(f"[{error['code']}] ")
+    return error["code"]
+
+
+def calls_of(store: Store, turn_id: str) -> list[tuple[str, str, str | None]]:
+    """(tool, status, error code) of each recorded call, in order."""
+    return [(c.tool_name, c.status, (c.error or {}).get("code")) for c in store.get_turn(turn_id).tool_calls]
+
+
+async def every_tool(s: ClientSession) -> list[tuple[str, str, str | None]]:
+    """Call each tool once (and a few refusals); check each answer; return the calls expected
+    in the history."""
+    assert {t.name for t in (await s.list_tools()).tools} == TOOL_NAMES
+
+    view = ok(await s.call_tool("view_file", {"path": "main.py"}))
+    assert view["content"] == "print(1)\n" and view["truncated"] is False and view["total_lines"] == 1
+    big = ok(await s.call_tool("view_file", {"path": "big.txt"}))
+    assert big["truncated"] is True and big["end_line"] == 1000 and big["next_start_line"] == 1001
+    assert big["content"].startswith("line 1\n") and big["content"].endswith("line 1000\n")
+    rest = ok(await s.call_tool("view_file", {"path": "big.txt", "start_line": 1001}))
+    assert rest["truncated"] is False and rest["end_line"] == 1500 and rest["next_start_line"] is None
+    some = ok(await s.call_tool("view_file", {"path": "big.txt", "start_line": 10, "end_line": 11}))
+    assert some["content"] == "line 10\nline 11\n" and some["truncated"] is False
+    listing = ok(await s.call_tool("list_dir", {}))
+    assert [(e["name"], e["kind"]) for e in listing["entries"]] == [
+        ("big.txt", "file"), ("docs", "dir"), ("main.py", "file"), ("src", "dir")]
+    found = ok(await s.call_tool("find_files", {"glob": "**/*.py", "max_results": 1}))
+    assert found["paths"] == ["main.py"] and found["truncated"] is True
+    hits = ok(await s.call_tool("search_code", {"pattern": "TODO", "max_results": 2, "context": 1}))
+    assert [(m["path"], m["line_number"]) for m in hits["matches"]] == [("docs/notes.md", 1), ("docs/notes.md", 2)]
+    assert hits["truncated"] is True and hits["matches"][1]["before"] == ["TODO one"]
+
+    ok(await s.call_tool("write_file", {"path": "src/new.py", "content": "Y = 2\n"}))
+    ok(await s.call_tool("write_file", {"path": "run.sh", "content": base64.b64encode(b"#!/bin/sh\n").decode(),
+                                        "encoding": "base64", "executable": True}))
+    batch = ok(await s.call_tool("apply_changes", {"changes": {"a.py": "A = 1\n", "main.py": None}}))
+    assert batch == {"written": 1, "deleted": 1}
+    ok(await s.call_tool("move_file", {"src": "src/new.py", "dst": "src/moved.py"}))
+    ok(await s.call_tool("delete_file", {"path": "src/util.py"}))
+    chars = ok(await s.call_tool("patch_characters", {"patch": [{"op": "add", "path": "/dragon", "value": {"hp": 99}}]}))
+    assert chars["characters"] == {"hero": {"hp": 10}, "dragon": {"hp": 99}}
+    world = ok(await s.call_tool("patch_world_settings", {"patch": {"era": "iron"}}))
+    assert world["world_settings"] == {"era": "iron"}
+
+    # refusals: each a typed error, each changing nothing
+    assert code(await s.call_tool("view_file", {"path": "nope.py"})) == "path.not_found"
+    assert code(await s.call_tool("write_file", {"path": "../escape.py", "content": "x"})) == "path.denied"
+    assert code(await s.call_tool("apply_changes", {"changes": {"fine.py": "x", "/abs.py": "y"}})) == "path.denied"
+    assert code(await s.call_tool("patch_characters", {"patch": [{"op": "remove", "path": "/nobody"}]})) \
+        == "patch.invalid"
+    assert code(await s.call_tool("search_code", {"pattern": "(?<=x)y", "regex": True})) == "pattern.invalid"
+    assert code(await s.call_tool("view_file", {"path": 3})) == "input.invalid"  # the SDK's argument check
+    assert code(await s.call_tool("find_files", {"max_results": 100_000})) == "input.invalid"
+    assert code(await s.call_tool("write_file", {"path": "b.bin", "content": "not base64!",
+                                                 "encoding": "base64"})) == "input.invalid"
+    unknown = await s.call_tool("rm_rf", {})
+    assert code(unknown) == "input.invalid"  # not a tool: not recorded
+    return ([("view_file", "completed", None)] * 4 + [
+        ("list_dir", "completed", None), ("find_files", "completed", None), ("search_code", "completed", None),
+        ("write_file", "completed", None), ("write_file", "completed", None), ("apply_changes", "completed", None),
+        ("move_file", "completed", None), ("delete_file", "completed", None),
+        ("patch_characters", "completed", None), ("patch_world_settings", "completed", None),
+        ("view_file", "failed", "path.not_found"), ("write_file", "failed", "path.denied"),
+        ("apply_changes", "failed", "path.denied"), ("patch_characters", "failed", "patch.invalid"),
+        ("search_code", "failed", "pattern.invalid"), ("view_file", "failed", "input.invalid"),
+        ("find_files", "failed", "input.invalid"), ("write_file", "failed", "input.invalid"),
+    ])
+
+
+def check_draft(store: Store, project_id: str) -> None:
+    view = store.view(project_id)
+    assert view.kind == "draft"
+    assert view.list_files() == ["a.py", "big.txt", "docs/notes.md", "run.sh", "src/moved.py"]
+    assert view.read_file("src/moved.py") == b"Y = 2\n" and view.stat("run.sh").executable
+    assert view.characters == {"hero": {"hp": 10}, "dragon": {"hp": 99}}
+    assert view.world_settings == {"era": "iron"}
+
+
+def new_project(store: Store, name: str = "game") -> str:
+    return store.create_project(name, files=FILES, characters={"hero": {"hp": 10}},
+                                world_settings={"era": "bronze"}).id
+
+
+# -- stdio -------------------------------------------------------------------------------
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    home = tmp_path / "store"
+    home.mkdir()
+    return home
+
+
+def test_stdio_every_tool_writes_the_draft_and_lands_in_the_turns_history(home: Path) -> None:
+    with Store.open(settings=Settings(home=home)) as store:
+        project_id = new_project(store)
+        turn_id = store.start_turn(project_id, "add a dragon").id
+
+    async def run() -> list[tuple[str, str, str | None]]:
+        async with stdio_session(home, "--project", project_id, "--turn", turn_id) as s:
+            return await every_tool(s)
+
+    expected = anyio.run(run)
+    with Store.open(settings=Settings(home=home)) as store:
+        check_draft(store, project_id)
+        assert calls_of(store, turn_id) == expected
+        first = store.get_turn(turn_id).tool_calls[0]
+        assert first.args == {"path": "main.py"} and first.result["content"] == "print(1)\n"
+
+
+def test_stdio_without_a_turn_follows_the_running_turn_at_each_call(home: Path) -> None:
+    with Store.open(settings=Settings(home=home)) as store:
+        project_id = new_project(store)
+
+        async def run() -> None:
+            async with stdio_session(home, "--project", project_id) as s:
+                # no turn: reads are served (unrecorded), writes refused with a stable code
+                assert ok(await s.call_tool("view_file", {"path": "main.py"}))["state"] == "version"
+                assert code(await s.call_tool("write_file", {"path": "x.py", "content": "x"})) == "turn.not_running"
+                first = store.start_turn(project_id, "go")
+                ok(await s.call_tool("write_file", {"path": "x.py", "content": "x"}))
+                assert ok(await s.call_tool("view_file", {"path": "x.py"}))["content"] == "x"
+                store.complete_turn(first.id, "done")
+                assert code(await s.call_tool("delete_file", {"path": "x.py"})) == "turn.not_running"
+                ok(await s.call_tool("find_files", {}))
+                second = store.continue_turn(project_id, "more")
+                ok(await s.call_tool("delete_file", {"path": "x.py"}))
+                assert calls_of(store, first.id) == [("write_file", "completed", None), ("view_file", "completed", None)]
+                assert calls_of(store, second.id) == [("delete_file", "completed", None)]
+
+        anyio.run(run)
+        assert "x.py" not in store.view(project_id).list_files()
+
+
+def test_stdio_refuses_an_unknown_project_or_a_turn_of_another_project(home: Path) -> None:
+    import subprocess
+
+    with Store.open(settings=Settings(home=home)) as store:
+        a, b = new_project(store, "a"), new_project(store, "b")
+        turn_b = store.start_turn(b, "go").id
+    env = {"DRAFTSTORE_HOME": str(home), "PATH": "/usr/bin:/bin"}
+    for args in (["--project", "0" * 32], ["--project", a, "--turn", turn_b]):
+        run = subprocess.run([sys.executable, "-m", "draftstore.mcpserver", *args], capture_output=True,
+                             text=True, env=env, cwd=home, timeout=60, stdin=subprocess.DEVNULL)
+        assert run.returncode == 2 and run.stdout == ""
+        assert "not_found]" in run.stderr
+
+
+# -- HTTP --------------------------------------------------------------------------------
+def test_http_every_tool_through_the_service_with_an_agent_token(service: Service) -> None:
+    store = service.store
+    project_id = new_project(store)
+    turn_id = store.start_turn(project_id, "add a dragon").id
+    agent = service.token("agent", project_id=project_id)
+    base = f"{service.url}/mcp/projects/{project_id}"
+
+    async def run() -> list[tuple[str, str, str | None]]:
+        async with http_session(f"{base}/turns/{turn_id}", agent) as s:
+            expected = await every_tool(s)
+        async with http_session(base, service.admin or "") as s:  # no turn named: the running one
+            ok(await s.call_tool("list_dir", {"path": "src"}))
+        return expected + [("list_dir", "completed", None)]
+
+    expected = anyio.run(run)
+    check_draft(store, project_id)
+    assert calls_of(store, turn_id) == expected
+
+
+def test_http_refuses_observers_other_projects_and_their_turns(service: Service) -> None:
+    store = service.store
+    mine, other = new_project(store, "mine"), new_project(store, "other")
+    turn_id = store.start_turn(mine, "go").id
+    other_turn = store.start_turn(other, "go").id
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                             "clientInfo": {"name": "tests", "version": "1"}}}
+    headers = {"accept": "application/json, text/event-stream"}
+    url = f"/mcp/projects/{mine}"
+    cases = [
+        (service.token("observer"), url, 403, "auth.forbidden"),
+        (service.token("observer", project_id=mine), url, 403, "auth.forbidden"),
+        (service.token("agent", project_id=other), url, 404, "project.not_found"),
+        (service.token("agent", project_id=other), f"{url}/turns/{turn_id}", 404, "project.not_found"),
+        (service.admin, f"{url}/turns/{other_turn}", 404, "turn.not_found"),
+        (service.admin, f"/mcp/projects/{'0' * 32}", 404, "project.not_found"),
+        (service.admin, "/mcp/somewhere", 404, "route.not_found"),
+        (None, url, 401, "auth.required"),
+        ("dst_not_a_token", url, 401, "auth.invalid"),
+    ]
+    for secret, path, status, want in cases:
+        r = service.client(token=secret).post(path, json=initialize, headers=headers)
+        assert (r.status_code, r.json()["code"]) == (status, want), (path, r.text)
+    allowed = service.client(token=service.token("agent", project_id=mine)).post(url, json=initialize,
+                                                                                   headers=headers)
+    assert allowed.status_code == 200 and allowed.json()["result"]["serverInfo"]["name"] == "draftstore"
+
+    async def observer_with_the_sdk() -> None:
+        async with http_session(f"{service.url}{url}/turns/{turn_id}", service.token("observer")) as s:
+            await s.call_tool("write_file", {"path": "x.py", "content": "x"})
+
+    with pytest.raises(BaseException):  # the SDK client cannot even initialize
+        anyio.run(observer_with_the_sdk)
+    assert store.get_turn(turn_id).tool_calls == () and "x.py" not in store.view(mine).list_files()
+    assert httpx.get(f"{service.url}/openapi.json").json()["paths"].keys() >= {"/v1/projects"}
