@@ -21,7 +21,7 @@ import anyio
 import httpx
 import httpx2
 import pytest
-from mcp import ClientSession, StdioServerParameters
+from mcp import ClientSession, MCPError, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -63,6 +63,13 @@ def code(result: Any) -> str:
     error = result.structured_content["error"]
     assert result.content[0].text.startswith(f"[{error['code']}] ")
     return error["code"]
+
+
+def leaves(exc: BaseException) -> list[BaseException]:
+    """The exceptions inside (nested) exception groups."""
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for e in exc.exceptions for leaf in leaves(e)]
+    return [exc]
 
 
 def calls_of(store: Store, turn_id: str) -> list[tuple[str, str, str | None]]:
@@ -259,7 +266,8 @@ def test_http_refuses_observers_other_projects_and_their_turns(service: Service)
         async with http_session(f"{service.url}{url}/turns/{turn_id}", service.token("observer")) as s:
             await s.call_tool("write_file", {"path": "x.py", "content": "x"})
 
-    with pytest.raises(BaseException):  # the SDK client cannot even initialize
+    with pytest.raises(BaseException) as refused:  # the SDK client cannot even initialize
         anyio.run(observer_with_the_sdk)
+    assert any(isinstance(e, MCPError) for e in leaves(refused.value)), refused.value
     assert store.get_turn(turn_id).tool_calls == () and "x.py" not in store.view(mine).list_files()
     assert httpx.get(f"{service.url}/openapi.json").json()["paths"].keys() >= {"/v1/projects"}

@@ -223,11 +223,11 @@ class DraftstoreMCP(MCPServer):
             payload = _payload_of(exc)
             await anyio.to_thread.run_sync(agent.finish, rec, None, payload)
             return error_result(payload)
-        except BaseException:  # cancelled, or a protocol error: the history still says how the call ended
+        except BaseException as exc:  # cancelled, or a protocol error: the history still says how the call ended
+            payload = ({"code": "cancelled", "message": "the call was cancelled", "retryable": True}
+                       if isinstance(exc, anyio.get_cancelled_exc_class()) else _payload_of(exc))
             with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(agent.finish, rec, None,
-                                               {"code": "cancelled", "message": "the call did not finish",
-                                                "retryable": True})
+                await anyio.to_thread.run_sync(agent.finish, rec, None, payload)
             raise
         finally:
             _CALL.reset(token)
