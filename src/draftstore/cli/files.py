@@ -138,9 +138,9 @@ def import_dir(directory: Path, name: str | None) -> None:
         task = progress.add_task("reading files", total=None)
         found = collect(directory, lambda: progress.advance(task))
     if found.links:
-        warn(f"skipped {len(found.links)} symlinks: {_listed(found.links)}")
+        warn(f"skipped {len(found.links)} symlinks: {_listed(sorted(found.links))}")
     if found.special:
-        warn(f"skipped {len(found.special)} special files: {_listed(found.special)}")
+        warn(f"skipped {len(found.special)} special files: {_listed(sorted(found.special))}")
     state = found.state or {}
     with open_store() as store:
         project = store.create_project(name or directory.resolve().name, files=found.files,
