@@ -240,7 +240,7 @@ def diff(a: str, b: str, stat: bool, as_json: bool) -> None:
         moved = f" (from {f.old_path})" if f.old_path else ""
         echo(f"{f.status:<9} {f.path}{moved}")
         if f.unified and not stat:
-            click.echo(f.unified, nl=False)
+            click.echo(f.unified, nl=not f.unified.endswith("\n"))
     for name, ops in (("characters", d.characters), ("world_settings", d.world_settings)):
         if ops:
             echo(f"{name}: {json.dumps(ops, ensure_ascii=False)}")

@@ -82,6 +82,9 @@ def turn(turn: str, as_json: bool) -> None:
     _block("partial response", t.partial_response)
     _block("error", t.error)
     echo()
+    if not t.tool_calls:
+        echo("tool calls: none")
+        return
     table(("#", "at", "took", "status", "tool", "args", "result / error"), _timeline(t),
           title="tool calls")
 
