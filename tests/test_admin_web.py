@@ -20,6 +20,8 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ import httpx
 import pytest
 
 from draftstore.service.admin import STATIC_DIR
-from service_fixtures import Service
+from service_fixtures import Service, _wait_ready, stack_env
 from services import require_real
 
 CHROMIUM = os.environ.get("DRAFTSTORE_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
@@ -215,15 +217,17 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     chars = page.locator("#diff-characters")
     expect(chars.locator("td.del")).to_contain_text(['"hp": 10'])
     expect(chars.locator("td.add")).to_contain_text(['"hp": 12'])
-    expect(chars.locator("td.add").first).to_contain_text('"dragon": {')
+    expect(chars.locator("td.add", has_text='"dragon": {')).to_have_count(1)
     expect(page.locator("#diff-world td.del")).to_have_text(['  "era": "bronze"'])
     expect(page.locator("#diff-world td.add")).to_have_text(['  "era": "iron"'])
     shot(page, "05-diff")
 
     # roll back to v1 while a new draft (based on v2) is open; publishing it then is a conflict, shown by code
-    store.start_turn(project.id, "more dragons")
+    more = store.start_turn(project.id, "more dragons")
+    store.write_file(more.id, "dragon2.py", "class Dragon2: ...\n")
+    store.complete_turn(more.id, "two dragons")
     page.locator(".crumbs a").nth(1).click()
-    expect(page.locator("#draft-status")).to_contain_text("running")
+    expect(page.locator("#draft-status")).to_contain_text("paused")
     page.locator(f"#versions-table tr[data-version='{v1}'] button.rollback").click()
     confirm(page)
     expect(page.locator("#action-status .notice")).to_have_text("Head is now v1.")
@@ -241,6 +245,56 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     confirm(page)
     expect(page.locator("#action-status .notice")).to_have_text("The draft was discarded.")
     expect(page.locator("#draft-status")).to_have_text("No open draft.")
+
+
+# -- the stream survives a restart of the service ------------------------------------------
+def restart_on_same_port(svc: Service, stack: dict[str, str]) -> None:
+    """Kill the service (its streams break mid-read) and start it again on the same address."""
+    svc.proc.kill()
+    svc.proc.wait(timeout=20)
+    port = svc.url.rsplit(":", 1)[1]
+    cmd = [sys.executable, "-m", "uvicorn", "draftstore.service.app:create_app", "--factory", "--host", "127.0.0.1",
+           "--port", port, "--log-level", "warning", "--no-access-log"]
+    svc.proc = subprocess.Popen(cmd, env=stack_env(stack), stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    _wait_ready(svc.url, svc.proc)
+
+
+@EMBEDDED
+def test_the_timeline_reconnects_with_last_event_id_and_the_token_in_a_header(
+        service: Service, stack: dict[str, str], page: Any) -> None:
+    """On the embedded stack the event buffers live in the coordinator file, so a restarted
+    service still holds them: the page resumes after the last event it saw, and catches up."""
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("restarts")
+    turn = store.start_turn(project.id, "keep going")
+    store.tool_started(turn.id, "first", {})
+    streams: list[dict[str, str]] = []
+    page.on("request", lambda req: streams.append(req.all_headers())
+            if req.url.endswith(f"/v1/turns/{turn.id}/events") else None)
+
+    login(page, service, service.admin)
+    page.goto(f"{service.url}/admin#/t/{turn.id}")
+    expect(call_row(page, 1)).to_have_attribute("data-status", "started")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "live")
+    page.evaluate("window.__sameDocument = true")
+
+    restart_on_same_port(service, stack)
+    store.tool_completed(turn.id, 1, "done while the page was away")
+    store.tool_started(turn.id, "second", {"n": 2})
+    expect(call_row(page, 1)).to_have_attribute("data-status", "completed")
+    expect(call_row(page, 2)).to_have_attribute("data-status", "started")
+    expect(page.locator("#stream-state")).to_have_attribute("data-state", "live")
+    assert page.evaluate("window.__sameDocument") is True
+
+    assert len(streams) >= 2, streams
+    first, *again = streams
+    assert "last-event-id" not in first
+    assert first["authorization"] == f"Bearer {service.admin}"
+    assert all(h["authorization"] == f"Bearer {service.admin}" for h in again)
+    assert all(re.fullmatch(r"[^:]+:\d+", h.get("last-event-id", "")) for h in again), again
+    assert all(service.admin not in url for url in page.evaluate("performance.getEntries().map(e => e.name)"))
 
 
 # -- an observer ----------------------------------------------------------------------------

@@ -195,7 +195,7 @@ function sideBySide(rows) {
   const cell = (side, kind) => side
     ? [h("td.ln", String(side.n)), h(`td.code.${kind}`, side.text)]
     : [h("td.ln"), h("td.code.empty")];
-  return h("table.sbs", h("tbody", rows.map((r) => (r.hunk
+  return h("table.sbs", h("colgroup", h("col.ln"), h("col"), h("col.ln"), h("col")), h("tbody", rows.map((r) => (r.hunk
     ? h("tr.hunk", h("td", {colSpan: 4}, r.hunk))
     : h("tr", cell(r.l, r.same ? "ctx" : "del"), cell(r.r, r.same ? "ctx" : "add"))))));
 }
