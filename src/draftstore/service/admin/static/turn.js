@@ -14,7 +14,10 @@ const STREAM_LABEL = {
 export async function turnPage(main, ctx, turnId) {
   const base = `/v1/turns/${enc(turnId)}`;
   let turn = await get(`${base}?tool_calls_limit=1`, {signal: ctx.signal});
-  const project = await get(`/v1/projects/${enc(turn.project_id)}`, {signal: ctx.signal}).catch(() => null);
+  const project = await get(`/v1/projects/${enc(turn.project_id)}`, {signal: ctx.signal}).catch((err) => {
+    if (err && err.name === "AbortError") throw err;
+    return null; // only the crumb's name is missing
+  });
   document.title = `Turn #${turn.number} — draftstore admin`;
 
   const streamState = h("span.stream", {id: "stream-state", dataset: {state: "connecting"}}, "connecting…");
@@ -195,7 +198,7 @@ export async function turnPage(main, ctx, turnId) {
     onEvent: ({type, data}) => {
       if (type === "assistant.delta" && data && typeof data.text === "string") {
         liveText += data.text;
-        live.hidden = false;
+        live.hidden = turn.status !== "running"; // an ended turn shows its final message instead
         replace(live, h("div.who", "assistant (streaming)"), h("pre.message", liveText));
       } else if (type === "stream.rebuilt") {
         liveText = "";
