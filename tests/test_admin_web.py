@@ -138,6 +138,8 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     link = page.locator("#projects a.project-link", has_text="game")
     expect(link).to_have_text("game <b>one</b>")  # stored text, shown as text
     assert page.evaluate("sessionStorage.getItem('draftstore.admin.token')") == service.admin
+    expect(page.locator("#who-role")).to_have_text("admin")
+    expect(page.locator("#who-scope")).to_have_text("every project")
     shot(page, "02-projects")
 
     # the project: head v1, a running draft, the turn
@@ -297,40 +299,60 @@ def test_the_timeline_reconnects_with_last_event_id_and_the_token_in_a_header(
     assert all(service.admin not in url for url in page.evaluate("performance.getEntries().map(e => e.name)"))
 
 
-# -- an observer ----------------------------------------------------------------------------
+# -- an observer, an agent: the page offers only what the role may do -----------------------
+def api_from_page(page: Any, path: str) -> dict[str, Any]:
+    """A call made by the page's own code, with the tab's token: what the API itself answers."""
+    return page.evaluate("""async (path) => {
+        const {get} = await import('/admin/static/api.js');
+        try { return {status: 200, body: await get(path)}; } catch (e) { return {status: e.status, code: e.code}; }
+    }""", path)
+
+
 @EMBEDDED
-def test_an_observer_sees_published_versions_and_is_denied_the_draft_cleanly(service: Service, page: Any) -> None:
+def test_an_observer_sees_published_versions_and_no_draft_turns_or_admin_buttons(service: Service, page: Any) -> None:
     from playwright.sync_api import expect
 
     store = service.store
     project = store.create_project("watched", files={"a.txt": "one\n"})
-    v1 = project.current_version_id
     first = store.start_turn(project.id, "two")
     store.write_file(first.id, "a.txt", "two\n")
     store.complete_turn(first.id, "done")
     v2 = store.publish(project.id, "second").id
     turn = store.start_turn(project.id, "secret work")
     store.write_file(turn.id, "secret.txt", "draft only\n")
+    requested: list[str] = []
+    page.on("request", lambda req: requested.append(req.url))
 
-    login(page, service, service.token("observer"))
+    secret = service.token("observer")
+    login(page, service, secret)
+    expect(page.locator("#who-role")).to_have_text("observer")
+    expect(page.locator("#who-scope")).to_have_text("every project")
+    expect(page.locator("#projects thead th", has_text="draft")).to_have_count(0)
     page.locator("#projects a.project-link", has_text="watched").click()
     expect(page.locator("#head-number")).to_have_text("v2")
     expect(page.locator("#versions-table tbody tr")).to_have_count(2)
-    expect(page.locator("#draft .error .errcode")).to_have_text("auth.forbidden")
-    expect(page.locator("#turns .error .errcode")).to_have_text("auth.forbidden")
-    expect(page.locator("#publish")).to_have_count(0)
+    expect(page.locator("#moves-table tbody tr")).to_have_count(2)
+    expect(page.locator("#observer-note")).to_have_text("observers see published versions and their diffs")
+    for absent in ("#draft", "#turns", "#publish", "#discard", "#diff-draft", "button.rollback", ".error",
+                   "a.turn-ref"):
+        expect(page.locator(absent)).to_have_count(0)
+    expect(page.locator("code.turn-ref")).to_have_count(2)  # the turn that published v2, as an id only
+    # not offered, and not even asked for
+    assert not [u for u in requested if re.search(r"/draft$|/turns(\?|$)", u)], requested
     shot(page, "07-observer-project")
 
-    # rolling back is an admin's: refused, with the code, and head stays
-    page.locator(f"#versions-table tr[data-version='{v1}'] button.rollback").click()
-    confirm(page)
-    expect(page.locator("#action-status .error .errcode")).to_have_text("auth.forbidden")
+    # the API still refuses what the page no longer offers
+    assert api_from_page(page, f"/v1/projects/{project.id}/draft") == {"status": 403, "code": "auth.forbidden"}
+    r = service.client(token=secret).post(f"/v1/projects/{project.id}/rollback",
+                                                json={"version_id": project.current_version_id})
+    assert (r.status_code, r.json()["code"]) == (403, "auth.forbidden")
     assert store.get_project(project.id).current_version_id == v2
 
-    # published versions diff fine; the draft does not
+    # published versions diff fine; the draft is not among the states to pick, and a link to it is denied
     page.locator(f"#versions-table tr[data-version='{v2}'] a", has_text="diff vs parent").click()
     expect(page.locator("#diff-files td.del")).to_have_text(["one"])
     expect(page.locator("#diff-files td.add")).to_have_text(["two"])
+    expect(page.locator("#state-a option[value='draft']")).to_have_count(0)
     page.goto(f"{service.url}/admin#/p/{project.id}/diff?a=head&b=draft")
     expect(page.locator("#diff-result .error .errcode")).to_have_text("auth.forbidden")
     assert page.locator("text=secret.txt").count() == 0
@@ -342,6 +364,36 @@ def test_an_observer_sees_published_versions_and_is_denied_the_draft_cleanly(ser
     assert page.locator("#tool-calls").count() == 0
 
 
+@EMBEDDED
+def test_an_agent_sees_the_draft_and_turns_but_no_admin_buttons(service: Service, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("worked on", files={"a.txt": "one\n"})
+    first = store.start_turn(project.id, "two")
+    store.write_file(first.id, "a.txt", "two\n")
+    store.complete_turn(first.id, "done")
+    store.publish(project.id, "second")
+    store.complete_turn(store.start_turn(project.id, "more").id, "paused")
+
+    login(page, service, service.token("agent", project.id))
+    expect(page.locator("#who-role")).to_have_text("agent")
+    expect(page.locator("#who-scope")).to_have_text(f"project {project.id[:8]}")
+    page.locator("#projects a.project-link", has_text="worked on").click()
+    expect(page.locator("#draft-status")).to_contain_text("paused")
+    expect(page.locator("#turns-table tbody tr")).to_have_count(2)
+    expect(page.locator("#diff-draft")).to_be_visible()
+    expect(page.locator("#versions-table tbody tr")).to_have_count(2)
+    for absent in ("#publish", "#discard", "button.rollback", "#observer-note"):
+        expect(page.locator(absent)).to_have_count(0)
+    # the API still refuses an agent's publish
+    assert page.evaluate("""async (base) => {
+        const {post} = await import('/admin/static/api.js');
+        try { await post(`${base}/publish`, {summary: "x"}); return "published"; } catch (e) { return e.code; }
+    }""", f"/v1/projects/{project.id}") == "auth.forbidden"
+    assert store.get_project(project.id).active_draft_id is not None
+
+
 # -- open loopback mode and the SSE parser, in the browser ----------------------------------
 @EMBEDDED
 def test_open_mode_needs_no_login_and_the_sse_parser_handles_split_lines(service_factory: Any, page: Any) -> None:
@@ -351,6 +403,7 @@ def test_open_mode_needs_no_login_and_the_sse_parser_handles_split_lines(service
     svc.store.create_project("open <project>")
     page.goto(f"{svc.url}/admin")
     expect(page.locator("#open-mode")).to_be_visible()
+    expect(page.locator("#who-role")).to_have_text("admin")
     expect(page.locator("#projects a.project-link")).to_have_text("open <project>")
     assert page.locator("#login-form").count() == 0
 

@@ -11,7 +11,8 @@ needs a role decision.
 Then: a token scoped to one project never reaches another's resources (404,
 not 403, so ids do not leak); tokens are shown once and stored hashed; a
 revoked token is refused within the auth cache's few seconds; only an admin
-of every project manages tokens; an observer never learns of a draft.
+of every project manages tokens; an observer never learns of a draft;
+``/v1/whoami`` names each caller's role and scope.
 """
 
 from __future__ import annotations
@@ -121,6 +122,7 @@ EVENTS_PAGE = {"accept": "application/json"}
 ROUTES: list[Route] = [
     R("GET", "/healthz", PUBLIC, 200),
     R("GET", "/readyz", PUBLIC, 200),
+    R("GET", "/v1/whoami", ANY, 200, why="a client offers only what the role may do"),
     # projects and their published history
     R("POST", "/v1/projects", ADMIN, 201, json={"name": "new", "files": {"a.txt": "YQ=="}}),
     R("GET", "/v1/projects", ANY, 200),
@@ -401,6 +403,24 @@ def test_an_observer_never_learns_of_a_draft(service: Service) -> None:
               observer.get(f"/v1/projects/{pid}/turns"), observer.get(f"/v1/turns/{world.turn_id}"),
               observer.get(f"/v1/projects/{pid}/diff", params={"a": "head", "b": "draft"})):
         assert outcome(r) == (403, "auth.forbidden"), r.text
+
+
+def test_whoami_in_open_mode_is_an_admin_of_every_project_without_a_token(service_factory: Any) -> None:
+    svc = service_factory(with_admin=False)  # no token exists: open loopback mode
+    r = svc.client(token=None).get("/v1/whoami")
+    assert r.status_code == 200, r.text
+    assert r.json() == {"role": "admin", "project_id": None, "token_id": None, "open_mode": True}
+
+
+def test_whoami_names_the_role_the_scope_and_the_token(service: Service) -> None:
+    p = service.store.create_project("whoami")
+    for role in ("admin", "agent", "observer"):
+        for project_id in (None, p.id):
+            secret = service.token(role, project_id)
+            r = service.client(token=secret).get("/v1/whoami")
+            assert r.status_code == 200, r.text
+            assert r.json() == {"role": role, "project_id": project_id, "token_id": secret.split("_")[1],
+                                "open_mode": False}
 
 
 def test_a_malformed_unknown_or_tampered_token_is_401(service: Service) -> None:

@@ -1,4 +1,5 @@
-"""Request bodies. Field names are the Python API's parameter names.
+"""Request bodies (and the answers that are not a library record). Field names are
+the Python API's parameter names.
 
 JSON values (messages, args, results, errors, patches, characters) are
 ``Any``: the library checks them. File contents in JSON travel base64-encoded.
@@ -9,7 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -18,7 +19,7 @@ from .. import errors as E
 __all__ = [
     "CreateProject", "StartTurn", "Complete", "Interrupt", "Fail", "ToolStart", "ToolComplete", "ToolFail",
     "Approval", "Changes", "Move", "Patch", "Delta", "Publish", "Rollback", "Fork", "CreateToken", "Actor",
-    "decode_files",
+    "Whoami", "decode_files",
 ]
 
 
@@ -114,6 +115,15 @@ class CreateToken(Body):
     role: str
     project_id: str | None = None
     name: str = ""
+
+
+class Whoami(BaseModel):
+    """The caller as the service sees it (``GET /v1/whoami``)."""
+
+    role: Literal["admin", "agent", "observer"]
+    project_id: str | None = Field(..., description="the one project the token is scoped to; null: every project")
+    token_id: str | None = Field(..., description="the token's id; null in open mode")
+    open_mode: bool = Field(..., description="true: no token exists, the service answers loopback clients as admins")
 
 
 def decode_files(files: dict[str, str | None], field: str) -> dict[str, bytes | None]:

@@ -1,4 +1,4 @@
-"""API tokens (admin tokens of no project scope only)."""
+"""API tokens (admin tokens of no project scope only), and who the caller is (any role)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,18 @@ from starlette.responses import Response
 
 from ... import errors as E
 from ...records import Page, Token
-from ..auth import ADMIN, Allow, Principal, StoreDep
+from ..auth import ADMIN, ANY, Allow, Principal, StoreDep
 from ..responses import JSON
-from ..schemas import CreateToken
+from ..schemas import CreateToken, Whoami
 
-router = APIRouter(prefix="/v1/tokens", tags=["tokens"])
+router = APIRouter(prefix="/v1", tags=["tokens"])
+
+
+@router.get("/whoami", response_model=Whoami, response_class=JSON)
+async def whoami(principal: Principal = Allow(*ANY)) -> JSON:
+    """The caller's role and project scope, so a client can offer only what the role may do."""
+    return JSON({"role": principal.role, "project_id": principal.project_id, "token_id": principal.token_id,
+                 "open_mode": principal.token_id is None})
 
 
 def _global_admin(principal: Principal) -> None:
@@ -22,7 +29,7 @@ def _global_admin(principal: Principal) -> None:
         raise E.Forbidden("only an admin token of every project manages tokens")
 
 
-@router.post("", status_code=201, response_class=JSON)
+@router.post("/tokens", status_code=201, response_class=JSON)
 def create_token(body: CreateToken, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
     """A new token; ``token`` is its secret, shown only in this answer."""
     _global_admin(principal)
@@ -31,14 +38,14 @@ def create_token(body: CreateToken, store: StoreDep, principal: Principal = Allo
     return JSON({**dataclasses.asdict(token), "token": secret}, status_code=201)
 
 
-@router.get("", response_model=Page[Token], response_class=JSON)
+@router.get("/tokens", response_model=Page[Token], response_class=JSON)
 def list_tokens(store: StoreDep, cursor: str | None = None, limit: Annotated[int | None, Query(ge=1, le=200)] = None,
                 principal: Principal = Allow(*ADMIN)) -> JSON:
     _global_admin(principal)
     return JSON(store.tokens.page(cursor, limit))
 
 
-@router.delete("/{token_id}", status_code=204)
+@router.delete("/tokens/{token_id}", status_code=204)
 def revoke_token(token_id: str, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> Response:
     _global_admin(principal)
     store.tokens.revoke(token_id)

@@ -3,7 +3,7 @@
 //   #/p/<project>           a project: head, draft, versions, head moves, turns, actions
 //   #/p/<project>/diff?a=&b= the diff between two states, side by side
 //   #/t/<turn>              a turn's timeline, live over its SSE stream
-import {h, replace} from "./dom.js";
+import {h, replace, short} from "./dom.js";
 import {ApiError, get, session} from "./api.js";
 import {errorBox} from "./ui.js";
 import {projectsPage} from "./projects.js";
@@ -15,6 +15,7 @@ const main = document.getElementById("main");
 const whoami = document.getElementById("whoami");
 
 let openMode = false;
+let who = null; // GET /v1/whoami: {role, project_id, token_id, open_mode}
 let current = null; // {controller, cleanups}
 
 function leave() {
@@ -26,14 +27,24 @@ function leave() {
   current = null;
 }
 
+/** The role (and project scope) the API gives this token: the page offers only what that role may do. */
+function roleBadges() {
+  if (!who) return [];
+  return [h("span.badge.b-role", {id: "who-role", dataset: {role: who.role},
+    title: "what this token may do; the API enforces it"}, who.role),
+  who.project_id
+    ? h("span.badge", {id: "who-scope", title: `scoped to project ${who.project_id}`}, "project ", short(who.project_id))
+    : h("span.muted", {id: "who-scope"}, "every project")];
+}
+
 function renderWho() {
   if (session.token) {
     const t = session.token;
     const shown = t.length > 12 ? `${t.slice(0, 12)}…` : "token";
-    replace(whoami, h("span.muted", "signed in with "), h("code", {id: "who-token"}, shown), " ",
+    replace(whoami, roleBadges(), h("span.muted", "signed in with "), h("code", {id: "who-token"}, shown), " ",
       h("button.secondary.small", {id: "logout", onclick: logout}, "Log out"));
   } else if (openMode) {
-    replace(whoami, h("span.badge.b-open", {id: "open-mode",
+    replace(whoami, roleBadges(), h("span.badge.b-open", {id: "open-mode",
       title: "No token exists yet: the service answers loopback clients only, each as an admin."},
     "open mode (loopback, no token configured)"));
   } else {
@@ -50,6 +61,7 @@ function showLogin(err) {
   leave();
   session.token = "";
   openMode = false;
+  who = null;
   renderWho();
   document.title = "Log in — draftstore admin";
   const input = h("input", {type: "password", id: "token", name: "token", autocomplete: "off",
@@ -63,12 +75,13 @@ function showLogin(err) {
     button.disabled = true;
     replace(status, h("span.muted", "Checking…"));
     try {
-      await get("/v1/projects?limit=1");
+      who = await get("/v1/whoami");
       renderWho();
       if (!location.hash || location.hash === "#/login") location.hash = "#/";
       else route();
     } catch (e) {
       session.token = "";
+      who = null;
       renderWho();
       // a 401 has already redrawn this form with its code; anything else is shown here
       if (e.status !== 401) replace(status, errorBox(e, "Log in failed"));
@@ -98,7 +111,7 @@ async function route() {
   leave();
   if (!session.token && !openMode) return showLogin(null);
   const {parts, params} = parseHash();
-  const ctx = {controller: new AbortController(), cleanups: []};
+  const ctx = {controller: new AbortController(), cleanups: [], who};
   ctx.signal = ctx.controller.signal;
   ctx.onLeave = (fn) => ctx.cleanups.push(fn);
   current = ctx;
@@ -119,19 +132,17 @@ async function route() {
 async function start() {
   window.addEventListener("draftstore:unauthorized", (ev) => showLogin(ev.detail));
   window.addEventListener("hashchange", route);
-  if (!session.token) {
-    // open loopback mode: the API answers without a token while none exists
-    try {
-      await get("/v1/projects?limit=1");
-      openMode = true;
-    } catch (err) {
-      if (!(err instanceof ApiError) || err.status !== 401) {
-        renderWho();
-        replace(main, errorBox(err, "The service did not answer"));
-        return;
-      }
-      return; // the unauthorized event showed the login form
+  // who this tab is: the stored token's role, or (without one) open loopback mode, where
+  // the API answers without a token while none exists
+  try {
+    who = await get("/v1/whoami");
+    openMode = who.open_mode === true;
+  } catch (err) {
+    if (!(err instanceof ApiError) || err.status !== 401) {
+      renderWho();
+      replace(main, errorBox(err, "The service did not answer"));
     }
+    return; // a 401: the unauthorized event showed the login form
   }
   renderWho();
   route();

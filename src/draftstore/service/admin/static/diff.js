@@ -16,6 +16,7 @@ export async function diffPage(main, ctx, projectId, params) {
   const a = params.get("a") || (head && head.parent_version_id) || "head";
   const b = params.get("b") || "head";
   document.title = `Diff — ${project.name} — draftstore admin`;
+  const observer = Boolean(ctx.who && ctx.who.role === "observer");
 
   const label = (ref) => {
     if (ref === "head") return head ? `head (v${head.number})` : "head";
@@ -27,7 +28,8 @@ export async function diffPage(main, ctx, projectId, params) {
     return ref;
   };
   const picker = (id, value) => {
-    const refs = ["head", "draft", ...[...versions].reverse().map((v) => v.id)];
+    // an observer may compare published versions only: no draft to pick
+    const refs = [...(observer ? ["head"] : ["head", "draft"]), ...[...versions].reverse().map((v) => v.id)];
     if (!refs.includes(value)) refs.push(value);
     return h("select", {id, name: id}, refs.map((ref) => h("option", {value: ref, selected: ref === value}, label(ref))));
   };

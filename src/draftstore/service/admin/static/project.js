@@ -1,6 +1,8 @@
 // #/p/<project> — head, draft status, actions (publish, discard, roll back),
 // versions, turns and head moves. Refreshes itself on the project's committed
-// events (version.published, head.moved, draft.discarded).
+// events (version.published, head.moved, draft.discarded). What it offers
+// follows the token's role (ctx.who): the actions are an admin's, and an
+// observer gets no draft or turns sections at all (the API refuses them anyway).
 import {badge, h, messageText, preview, replace, section, short, when, duration} from "./dom.js";
 import {allPages, enc, follow, get, post} from "./api.js";
 import {attempt, busy, confirmAction, errorBox} from "./ui.js";
@@ -8,6 +10,9 @@ import {attempt, busy, confirmAction, errorBox} from "./ui.js";
 export async function projectPage(main, ctx, projectId) {
   const base = `/v1/projects/${enc(projectId)}`;
   const project = await get(base, {signal: ctx.signal});
+  const role = ctx.who ? ctx.who.role : "admin"; // unknown: offer everything, the API decides
+  const isAdmin = role === "admin";
+  const isObserver = role === "observer";
   document.title = `${project.name} — draftstore admin`;
 
   const headCard = h("section.card", {id: "head"});
@@ -23,9 +28,11 @@ export async function projectPage(main, ctx, projectId) {
     h("div.toolbar",
       h("a.button.secondary", {href: `#/p/${enc(projectId)}/diff`, id: "compare"}, "Compare states…")),
     actionStatus,
-    h("div.grid2", headCard, draftCard),
+    isObserver
+      ? [headCard, h("p.muted", {id: "observer-note"}, "observers see published versions and their diffs")]
+      : h("div.grid2", headCard, draftCard),
     section("Versions", versionsBox),
-    section("Turns", turnsBox),
+    isObserver ? null : section("Turns", turnsBox),
     section("Head moves", movesBox));
 
   let versions = [];
@@ -33,6 +40,11 @@ export async function projectPage(main, ctx, projectId) {
     const v = versions.find((x) => x.id === id);
     return v ? `v${v.number}` : short(id);
   };
+
+  // a turn's timeline is not an observer's: its id only, not a link
+  const turnRef = (id) => isObserver
+    ? h("code", {class: "turn-ref", title: id}, short(id))
+    : h("a", {class: "turn-ref", href: `#/t/${enc(id)}`}, short(id));
 
   function notice(text) {
     replace(actionStatus, h("div.notice", {role: "status"}, text));
@@ -131,8 +143,8 @@ export async function projectPage(main, ctx, projectId) {
       draft.partial_response != null
         ? h("details", h("summary", "partial response"), h("pre", messageText(draft.partial_response))) : null,
       h("div.actions",
-        h("button", {id: "publish", onclick: publish}, "Publish…"),
-        h("button.danger", {id: "discard", onclick: discard}, "Discard…"),
+        isAdmin ? h("button", {id: "publish", onclick: publish}, "Publish…") : null,
+        isAdmin ? h("button.danger", {id: "discard", onclick: discard}, "Discard…") : null,
         h("a.button.secondary", {href: `#/p/${enc(projectId)}/diff?a=head&b=draft`, id: "diff-draft"},
           "Diff draft vs head")));
   }
@@ -147,11 +159,11 @@ export async function projectPage(main, ctx, projectId) {
         h("td.num", String(v.file_count)),
         h("td", v.created_by || ""),
         h("td", when(v.created_at)),
-        h("td", v.created_by_turn_id ? h("a", {href: `#/t/${enc(v.created_by_turn_id)}`}, short(v.created_by_turn_id)) : ""),
+        h("td", v.created_by_turn_id ? turnRef(v.created_by_turn_id) : ""),
         h("td.row-actions",
           parent ? h("a", {href: `#/p/${enc(projectId)}/diff?a=${enc(parent)}&b=${enc(v.id)}`}, "diff vs parent") : null,
           !isHead ? h("a", {href: `#/p/${enc(projectId)}/diff?a=${enc(v.id)}&b=head`}, "diff vs head") : null,
-          !isHead ? h("button.small.danger", {class: "rollback", onclick: (ev) => rollback(ev, v)}, "Roll back here…") : null));
+          !isHead && isAdmin ? h("button.small.danger", {class: "rollback", onclick: (ev) => rollback(ev, v)}, "Roll back here…") : null));
     });
     replace(versionsBox,
       h("table", {id: "versions-table"},
@@ -185,7 +197,7 @@ export async function projectPage(main, ctx, projectId) {
       h("td", badge(m.reason)),
       h("td", m.from_version_id ? numberOf(m.from_version_id) : "—", " → ", m.to_version_id ? numberOf(m.to_version_id) : "—"),
       h("td", m.actor || ""),
-      h("td", m.turn_id ? h("a", {href: `#/t/${enc(m.turn_id)}`}, short(m.turn_id)) : "")));
+      h("td", m.turn_id ? turnRef(m.turn_id) : "")));
     replace(movesBox, h("table", {id: "moves-table"},
       h("thead", h("tr", ["when", "reason", "move", "actor", "turn"].map((x) => h("th", x)))),
       h("tbody", rows)));
@@ -205,7 +217,7 @@ export async function projectPage(main, ctx, projectId) {
         versions = page.items;
         renderHead();
         renderVersions(page.truncated);
-        await Promise.all([renderDraft(), renderTurns(), renderMoves()]);
+        await Promise.all(isObserver ? [renderMoves()] : [renderDraft(), renderTurns(), renderMoves()]);
       } catch (err) {
         if (err && err.name === "AbortError") return;
         replace(actionStatus, errorBox(err));

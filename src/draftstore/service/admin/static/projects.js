@@ -7,6 +7,8 @@ export async function projectsPage(main, ctx) {
   document.title = "Projects — draftstore admin";
   const tbody = h("tbody", {id: "projects-rows"});
   const status = h("div");
+  const observer = Boolean(ctx.who && ctx.who.role === "observer"); // the API shows an observer no draft
+  const columns = ["name", "id", "head", ...(observer ? [] : ["draft"]), "forked from", "created"];
   const more = h("button.secondary", {id: "projects-more", hidden: true}, "More");
   let cursor = null;
 
@@ -19,13 +21,13 @@ export async function projectsPage(main, ctx) {
         h("td", h("a", {href: `#/p/${enc(p.id)}`, class: "project-link"}, p.name)),
         h("td", h("code", {title: p.id}, short(p.id))),
         h("td", p.current_version_id ? h("code", {title: p.current_version_id}, short(p.current_version_id)) : "—"),
-        h("td", p.active_draft_id ? h("span.badge.b-running", "open") : h("span.muted", "none")),
+        observer ? null : h("td", p.active_draft_id ? h("span.badge.b-running", "open") : h("span.muted", "none")),
         h("td", p.forked_from_version_id ? h("code", {title: p.forked_from_version_id}, short(p.forked_from_version_id)) : ""),
         h("td", when(p.created_at))));
     }
     cursor = page.next_cursor;
     more.hidden = !cursor;
-    if (!tbody.firstChild) tbody.append(h("tr", h("td.muted", {colSpan: 6}, "No projects yet.")));
+    if (!tbody.firstChild) tbody.append(h("tr", h("td.muted", {colSpan: columns.length}, "No projects yet.")));
   }
 
   more.addEventListener("click", load);
@@ -33,7 +35,7 @@ export async function projectsPage(main, ctx) {
     h("h1", "Projects"),
     h("section.card",
       h("table", {id: "projects"},
-        h("thead", h("tr", ["name", "id", "head", "draft", "forked from", "created"].map((x) => h("th", x)))),
+        h("thead", h("tr", columns.map((x) => h("th", x)))),
         tbody),
       more, status));
   await load();
