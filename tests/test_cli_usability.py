@@ -297,3 +297,16 @@ def test_import_honours_draftstoreignore_skips_vcs_and_reports_symlinks(home: Pa
     new_id = re.search(r"project ([0-9a-f]{32})", out).group(1)
     with Store.open(settings=Settings(home=home)) as store:
         assert store.view(new_id).list_files() == [".draftstoreignore", "app/main.py", "keep.log"]
+
+
+def test_a_reader_that_stops_early_ends_the_command_quietly(home: Path) -> None:
+    with Store.open(settings=Settings(home=home)) as store:
+        p = store.create_project("big", files={"big.txt": b"line\n" * 400_000})  # 2 MB: more than a pipe holds
+    env = {"DRAFTSTORE_HOME": str(home), "PATH": "/usr/bin:/bin", "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.Popen([sys.executable, "-m", "draftstore.cli", "cat", p.id, "big.txt"], env=env, cwd=home,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    assert proc.stdout is not None and proc.stdout.read(5) == b"line\n"
+    proc.stdout.close()  # as `| head -1` does
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 141, err
+    assert err == b""  # no error line, no "Exception ignored" from the final flush

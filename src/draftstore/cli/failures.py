@@ -13,6 +13,8 @@ Exit statuses:
 5     a local file or directory could not be read or written
 70    a bug in draftstore (please report it with the ``--debug`` output)
 130   interrupted
+141   stdout was closed early (``draftstore log P | head``); nothing is printed
+
 ====  ==========================================================================
 """
 
@@ -30,7 +32,8 @@ from .output import clip
 
 __all__ = ["EXIT", "DraftstoreGroup", "fail"]
 
-EXIT = {"ok": 0, "problems": 1, "input": 2, "backend": 3, "config": 4, "file": 5, "bug": 70, "interrupted": 130}
+EXIT = {"ok": 0, "problems": 1, "input": 2, "backend": 3, "config": 4, "file": 5, "bug": 70, "interrupted": 130,
+        "pipe": 141}
 
 #: what to do next, by error code
 HINTS = {
@@ -81,6 +84,11 @@ class DraftstoreGroup(click.Group):
         except KeyboardInterrupt:
             click.echo("interrupted", err=True)
             sys.exit(EXIT["interrupted"])
+        except BrokenPipeError:
+            # the reader went away (`| head`): stop quietly, and keep the interpreter's
+            # final flush from failing on the closed pipe too
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            sys.exit(EXIT["pipe"])
         except E.DraftstoreError as exc:
             _trace(debug)
             fail(exc.code, exc.message, _exit_for(exc))
