@@ -5,14 +5,22 @@
   call in the turn's history, truncation markers, typed errors that change nothing,
   and the running turn chosen at the time of each call when no turn is named;
 - over HTTP: the service (both stacks) at ``/mcp/projects/{P}[/turns/{T}]`` with a
-  bearer token; observers, other projects' tokens and other projects' turns refused.
+  bearer token; observers, other projects' tokens and other projects' turns refused;
+  in open mode, only loopback Host and Origin;
+- in process (``build_server`` over an embedded store): a cancelled or disconnected call
+  is recorded as it ended, never left ``started``; errors and results too big for the
+  history still close the call; bounded errors, searches and lines; unexpected
+  exceptions are ``internal`` tool errors.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 import sys
-from collections.abc import AsyncIterator
+import threading
+import time
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -26,7 +34,9 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 from draftstore import Settings, Store
-from draftstore.mcpserver import TOOL_NAMES
+from draftstore.mcpserver import TOOL_NAMES, AgentTools
+from draftstore.mcpserver.server import build_server
+from draftstore.settings import Limits
 from service_fixtures import Service
 
 BIG = "".join(f"line {i}\n" for i in range(1, 1501))  # over view_file's 1000-line bound
@@ -271,3 +281,211 @@ def test_http_refuses_observers_other_projects_and_their_turns(service: Service)
     assert any(isinstance(e, MCPError) for e in leaves(refused.value)), refused.value
     assert store.get_turn(turn_id).tool_calls == () and "x.py" not in store.view(mine).list_files()
     assert httpx.get(f"{service.url}/openapi.json").json()["paths"].keys() >= {"/v1/projects"}
+
+
+def test_http_open_mode_serves_loopback_hosts_and_origins_only(service_factory: Any) -> None:
+    svc = service_factory(with_admin=False)  # no token exists: open loopback mode, every client an admin
+    project_id = new_project(svc.store)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                             "clientInfo": {"name": "tests", "version": "1"}}}
+    accept = {"accept": "application/json, text/event-stream"}
+    port = svc.url.rsplit(":", 1)[1]
+    client = svc.client(token=None)
+    url = f"/mcp/projects/{project_id}"
+    for headers in ({"host": f"rebound.example:{port}"}, {"host": "rebound.example"},
+                    {"origin": "http://rebound.example"}, {"origin": "null"},
+                    {"host": f"localhost:{port}", "origin": f"http://rebound.example:{port}"}):
+        r = client.post(url, json=initialize, headers={**accept, **headers})
+        assert (r.status_code, r.json()["code"]) == (403, "auth.forbidden"), (headers, r.text)
+        assert "loopback" in r.json()["message"]
+    for headers in ({}, {"host": f"localhost:{port}"}, {"host": "localhost"}, {"host": f"[::1]:{port}"},
+                    {"origin": f"http://localhost:{port}"}, {"origin": "http://127.0.0.1:5173"}):
+        r = client.post(url, json=initialize, headers={**accept, **headers})
+        assert r.status_code == 200 and r.json()["result"]["serverInfo"]["name"] == "draftstore", (headers, r.text)
+
+
+# -- in process ----------------------------------------------------------------------------
+class InProcess:
+    """``build_server`` over an embedded store, a project and a running turn."""
+
+    def __init__(self, home: Path, limits: Limits | None = None) -> None:
+        self.store = Store.open(settings=Settings(home=home, **({"limits": limits} if limits else {})))
+        self.project_id = new_project(self.store)
+        self.turn_id = self.store.start_turn(self.project_id, "go").id
+        self.agent = AgentTools(self.store, self.project_id, self.turn_id)
+        self.server = build_server(lambda _context: self.agent)
+
+    def call(self, name: str, args: dict[str, Any]) -> Any:
+        return anyio.run(self.server.call_tool, name, args)
+
+    def calls(self) -> list[tuple[str, str, str | None]]:
+        return calls_of(self.store, self.turn_id)
+
+    def stall(self, method: str, seconds: float = 0.3) -> threading.Event:
+        """Make ``store.<method>`` stall; the event is set when a call enters it."""
+        entered = threading.Event()
+        original = getattr(self.store, method)
+
+        def stalled(*args: Any, **kwargs: Any) -> Any:
+            entered.set()
+            time.sleep(seconds)
+            return original(*args, **kwargs)
+
+        setattr(self.store, method, stalled)
+        return entered
+
+    def cancel_inside(self, entered: threading.Event, name: str, args: dict[str, Any]) -> None:
+        """Call a tool and cancel the call once ``entered`` is set."""
+
+        async def run() -> None:
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(self.server.call_tool, name, args)
+                assert await anyio.to_thread.run_sync(entered.wait, 10)
+                tg.cancel_scope.cancel()
+
+        anyio.run(run)
+
+
+@pytest.fixture
+def inproc(home: Path) -> Iterator[InProcess]:
+    world = InProcess(home)
+    yield world
+    world.store.close()
+
+
+def test_a_call_cancelled_while_it_writes_is_recorded_completed_as_the_draft_says(inproc: InProcess) -> None:
+    inproc.cancel_inside(inproc.stall("write_file"), "write_file", {"path": "b.py", "content": "hi"})
+    assert inproc.store.view(inproc.project_id).read_file("b.py") == b"hi"
+    assert inproc.calls() == [("write_file", "completed", None)]
+    inproc.store.complete_turn(inproc.turn_id, "done")
+    assert inproc.calls() == [("write_file", "completed", None)]  # closed for good
+
+
+def test_a_call_cancelled_before_its_body_ran_is_recorded_failed_cancelled(inproc: InProcess) -> None:
+    inproc.cancel_inside(inproc.stall("tool_started"), "write_file", {"path": "b.py", "content": "hi"})
+    assert "b.py" not in inproc.store.view(inproc.project_id).list_files()
+    assert inproc.calls() == [("write_file", "failed", "cancelled")]
+
+
+def test_a_call_cancelled_while_it_fails_is_recorded_with_its_error(inproc: InProcess) -> None:
+    inproc.cancel_inside(inproc.stall("view"), "view_file", {"path": "nope.py"})
+    assert inproc.calls() == [("view_file", "failed", "path.not_found")]
+
+
+SLOW_SERVER = """
+import sys, time
+from draftstore.store import Store
+write = Store.write_file
+def slow(self, *a, **k):
+    time.sleep(1.0)
+    return write(self, *a, **k)
+Store.write_file = slow
+from draftstore.mcpserver.__main__ import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_stdio_a_client_that_times_out_or_disconnects_mid_call_leaves_the_call_recorded(home: Path) -> None:
+    with Store.open(settings=Settings(home=home)) as store:
+        project_id = new_project(store)
+        turn_id = store.start_turn(project_id, "go").id
+    params = StdioServerParameters(command=sys.executable,
+                                   args=["-c", SLOW_SERVER, "--project", project_id, "--turn", turn_id],
+                                   env={"DRAFTSTORE_HOME": str(home)}, cwd=str(home))
+
+    async def run() -> None:
+        async with stdio_client(params) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            with pytest.raises(MCPError):  # the client gives up: the server is told the call is cancelled
+                await s.call_tool("write_file", {"path": "t.py", "content": "t"}, read_timeout_seconds=0.3)
+            with anyio.move_on_after(0.3):  # then hangs up mid-call
+                await s.call_tool("write_file", {"path": "d.py", "content": "d"})
+
+    anyio.run(run)
+    deadline = time.monotonic() + 20
+    with Store.open(settings=Settings(home=home)) as store:
+        while len(calls_of(store, turn_id)) < 2 or "started" in [c[1] for c in calls_of(store, turn_id)]:
+            assert time.monotonic() < deadline, calls_of(store, turn_id)
+            time.sleep(0.1)
+        files = store.view(project_id).list_files()
+        for path, (_, status, error) in zip(("t.py", "d.py"), calls_of(store, turn_id)):
+            assert (status, error) in (("completed", None), ("failed", "cancelled")), calls_of(store, turn_id)
+            assert (path in files) == (status == "completed"), (path, files, calls_of(store, turn_id))
+
+
+def test_an_error_with_thousands_of_entries_comes_back_and_is_recorded_bounded(inproc: InProcess) -> None:
+    result = inproc.call("apply_changes", {"changes": {f"p{i}.py": i for i in range(30_000)}})
+    assert code(result) == "input.invalid"
+    error = result.structured_content["error"]
+    assert len(json.dumps(result.structured_content)) < 16 * 1024
+    assert len(error["errors"]) == 20 and error["errors_total"] == 30_000
+    assert inproc.calls() == [("apply_changes", "failed", "input.invalid")]
+    assert inproc.store.get_turn(inproc.turn_id).tool_calls[0].error["errors_total"] == 30_000
+    long = inproc.call("search_code", {"pattern": "(" * 50_000, "regex": True})
+    assert code(long) == "pattern.invalid" and len(json.dumps(long.structured_content)) < 16 * 1024
+
+
+def test_an_error_or_a_result_the_history_refuses_still_closes_the_call(home: Path) -> None:
+    world = InProcess(home, Limits(max_message_bytes=600, max_payload_bytes=4096))
+    try:
+        # the error (20 entries of a few hundred bytes) is over the history's limit for an error
+        refused = world.call("apply_changes", {"changes": {f"p{i}.py": i for i in range(100)}})
+        assert code(refused) == "input.invalid" and refused.structured_content["error"]["errors_total"] == 100
+        # the result (1500 lines, about 10 KiB) is over its limit for a result: the client still gets it
+        big = ok(world.call("view_file", {"path": "big.txt"}))
+        assert big["end_line"] == 1000
+        assert world.calls() == [("apply_changes", "failed", "payload.too_large"),
+                                 ("view_file", "failed", "payload.too_large")]
+        errors = [c.error for c in world.store.get_turn(world.turn_id).tool_calls]
+        assert "input.invalid" in errors[0]["message"] and "result" in errors[1]["message"]
+    finally:
+        world.store.close()
+
+
+def test_search_code_is_bounded_in_bytes(inproc: InProcess) -> None:
+    line = "\U0001F600" * 501 + "\n"  # 2 KiB of UTF-8 in 501 characters
+    ok(inproc.call("write_file", {"path": "e.txt", "content": line * 600}))
+    found = ok(inproc.call("search_code", {"pattern": "\U0001F600", "context": 10, "max_results": 500}))
+    size = len(json.dumps(found, ensure_ascii=False).encode("utf-8"))
+    assert 48 * 1024 < size <= 72 * 1024, size
+    assert found["truncated"] is True and found["lines_clipped"] is True and 1 <= len(found["matches"]) < 500
+    for m in found["matches"]:
+        for text in (m["line"], *m["before"], *m["after"]):
+            assert len(text.encode("utf-8")) <= 500 + 3
+    assert inproc.calls()[-1] == ("search_code", "completed", None)
+
+
+def test_view_file_says_when_a_single_line_is_cut(inproc: InProcess) -> None:
+    ok(inproc.call("write_file", {"path": "one.txt", "content": "é" * 100_000 + "\nend\n"}))
+    cut = ok(inproc.call("view_file", {"path": "one.txt"}))
+    assert cut["line_clipped"] is True and cut["truncated"] is True and cut["end_line"] == 1
+    assert cut["next_start_line"] == 2 and len(cut["content"].encode("utf-8")) <= 64 * 1024
+    assert ok(inproc.call("view_file", {"path": "one.txt", "start_line": 2}))["line_clipped"] is False
+    assert ok(inproc.call("view_file", {"path": "main.py"}))["line_clipped"] is False
+
+
+def test_unexpected_exceptions_are_internal_tool_errors_and_the_call_is_closed(inproc: InProcess) -> None:
+    def boom(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom")
+
+    lost = build_server(boom)  # the agent lookup fails
+    assert code(anyio.run(lost.call_tool, "view_file", {"path": "main.py"})) == "internal"
+
+    original = inproc.store.tool_started
+    inproc.store.tool_started = boom  # the start cannot be recorded: nothing is
+    assert code(inproc.call("write_file", {"path": "x.py", "content": "x"})) == "internal"
+    inproc.store.tool_started = original
+    assert "x.py" not in inproc.store.view(inproc.project_id).list_files() and inproc.calls() == []
+
+    view = inproc.store.view
+    inproc.store.view = boom  # the body fails unexpectedly
+    assert code(inproc.call("view_file", {"path": "main.py"})) == "internal"
+    inproc.store.view = view
+
+    completed = inproc.store.tool_completed
+    inproc.store.tool_completed = boom  # the end cannot be recorded: the call is closed as failed
+    assert ok(inproc.call("write_file", {"path": "y.py", "content": "y"}))["bytes"] == 1
+    inproc.store.tool_completed = completed
+    assert inproc.calls() == [("view_file", "failed", "internal"), ("write_file", "failed", "internal")]
+    assert inproc.store.view(inproc.project_id).read_file("y.py") == b"y"

@@ -4,10 +4,14 @@
 the ``AgentTools`` a call goes to (one fixed instance over stdio; over HTTP the
 one the mount attached to the request). ``call_tool`` wraps every call: it
 records the start in the turn's history, lets the SDK validate the arguments
-and run the tool, then records the result or the error. Every failure comes
-back as a tool error (``isError``) whose structured content is
-``{"error": {"code", "message", "retryable", ...}}`` with draftstore's stable
-code, and whose text is ``[code] message``.
+and run the tool, then records how the call ended, shielded from cancellation
+so a recorded call never stays ``started``: a body that returned is
+``completed`` (even when the call was cancelled afterwards), a body that raised
+is ``failed`` with its error, a call cancelled before its body ran is
+``failed`` with ``cancelled``. Every failure comes back as a tool error
+(``isError``) whose structured content is ``{"error": {"code", "message",
+"retryable", ...}}`` with draftstore's stable code, and whose text is
+``[code] message``; an unexpected exception is ``internal`` (logged).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pydantic import Field, ValidationError
 
 from .. import __version__
 from .. import errors as E
-from .tools import READ_TOOLS, TOOL_NAMES, AgentTools, error_payload
+from .tools import READ_TOOLS, TOOL_NAMES, AgentTools, Recording, error_payload, internal_payload
 
 __all__ = ["build_server", "DraftstoreMCP"]
 
@@ -41,10 +45,15 @@ INSTRUCTIONS = (
 )
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Call:
     agent: AgentTools
     turn_id: str | None
+    # what the body did, set by the body itself (in its worker thread): whatever the SDK's
+    # wrappers or a cancellation do afterwards, the call is recorded as the body ended
+    ran: bool = False
+    returned: Any = None
+    error: dict[str, Any] | None = None
 
 
 _CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("draftstore_mcp_call")
@@ -55,10 +64,18 @@ def _tool(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
 
     @functools.wraps(fn)
     def run(**kwargs: Any) -> dict[str, Any]:
+        call = _CALL.get()
+        call.ran = True
         try:
-            return fn(**kwargs)
+            out = fn(**kwargs)
         except E.DraftstoreError as exc:
+            call.error = error_payload(exc)
             raise ToolError(str(exc)) from exc
+        except Exception as exc:
+            call.error = _payload_of(exc)
+            raise
+        call.returned = out
+        return out
 
     return run
 
@@ -87,7 +104,8 @@ def view_file(path: Path,
                                                                 "as the bounds allow")] = None) -> dict[str, Any]:
     """Read a file of the project's newest state (the draft, else head) as text, by line range.
     At most 1000 lines / 64 KiB per call: when cut, `truncated` is true and `next_start_line`
-    says where to go on. A binary file returns `binary: true` and no content."""
+    says where to go on. A single line over 64 KiB comes back cut (`line_clipped: true`).
+    A binary file returns `binary: true` and no content."""
     return _agent().view_file(path, start_line, end_line)
 
 
@@ -116,7 +134,8 @@ def search_code(pattern: Annotated[str, Field(description="the text to find (a l
                 max_results: Annotated[int | None, Field(description="1..500, default 50")] = None
                 ) -> dict[str, Any]:
     """Search file contents line by line, like grep. Matches carry path, line_number and line
-    (clipped at 500 characters). `truncated` when more matches exist than max_results."""
+    (clipped at 500 bytes, `lines_clipped`). At most 64 KiB of lines per call: `truncated` when
+    more matches exist than max_results or than the byte budget holds."""
     return _agent().search_code(pattern, regex, glob, context, ignore_case, max_results)
 
 
@@ -193,7 +212,11 @@ def _payload_of(exc: BaseException) -> dict[str, Any]:
             return error_payload(_invalid_arguments(seen))
         seen = seen.__cause__
     log.error("tool call failed unexpectedly", exc_info=exc)
-    return {"code": "internal", "message": "internal error (logged on the server)", "retryable": False}
+    return internal_payload()
+
+
+_CANCELLED = {"code": "cancelled", "message": "the call was cancelled before it ran", "retryable": True}
+_CANCELLED_RUNNING = {"code": "cancelled", "message": "the call was cancelled while it ran", "retryable": False}
 
 
 class DraftstoreMCP(MCPServer):
@@ -211,28 +234,47 @@ class DraftstoreMCP(MCPServer):
                         context: Context[Any, Any] | None = None) -> Any:
         if name not in TOOL_NAMES:
             return error_result(error_payload(E.InvalidInput(f"unknown tool {name!r}", tools=sorted(TOOL_NAMES))))
-        agent = self._agent_of(context)
         try:
+            agent = self._agent_of(context)
             rec = await anyio.to_thread.run_sync(agent.begin, name, arguments)
         except E.DraftstoreError as exc:  # a write without a running turn; args the history refuses
             return error_result(error_payload(exc))
-        token = _CALL.set(_Call(agent, rec.turn_id))
+        except Exception as exc:  # nothing recorded: the call did not start
+            return error_result(_payload_of(exc))
+        # recorded as started: from here on the call is always recorded as ended
+        call = _Call(agent, rec.turn_id)
+        token = _CALL.set(call)
+        result: Any = None
+        error: dict[str, Any] | None = None
+        raised: BaseException | None = None
         try:
             result = await super().call_tool(name, arguments, context)
-        except ToolError as exc:
-            payload = _payload_of(exc)
-            await anyio.to_thread.run_sync(agent.finish, rec, None, payload)
-            return error_result(payload)
-        except BaseException as exc:  # cancelled, or a protocol error: the history still says how the call ended
-            payload = ({"code": "cancelled", "message": "the call was cancelled", "retryable": True}
-                       if isinstance(exc, anyio.get_cancelled_exc_class()) else _payload_of(exc))
-            with anyio.CancelScope(shield=True):
-                await anyio.to_thread.run_sync(agent.finish, rec, None, payload)
-            raise
+        except Exception as exc:  # ToolError (the body's error, bad arguments) or an unexpected one
+            error = call.error or _payload_of(exc)
+            result = error_result(error)
+        except BaseException as exc:  # cancelled (or the process exits): recorded, then passed on
+            raised = exc
+            error = call.error or (_CANCELLED if not call.ran else _CANCELLED_RUNNING)
         finally:
             _CALL.reset(token)
-        await anyio.to_thread.run_sync(agent.finish, rec, getattr(result, "structured_content", None))
+        if call.returned is not None:  # the body returned, its write happened: completed, whatever came after
+            await self._finish(agent, rec, call.returned, None)
+        elif error is not None:
+            await self._finish(agent, rec, None, error)
+        else:  # not expected: every tool body returns a result
+            await self._finish(agent, rec, getattr(result, "structured_content", None), None)
+        if raised is not None:
+            raise raised
         return result
+
+    @staticmethod
+    async def _finish(agent: AgentTools, rec: Recording, value: Any, error: dict[str, Any] | None) -> None:
+        """Record how the call ended, whatever cancellation is pending (``finish`` never raises)."""
+        with anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(agent.finish, rec, value, error)
+            except Exception:
+                log.exception("could not record the end of tool call %s/%s", rec.turn_id, rec.seq)
 
 
 def build_server(agent_of: Callable[[Context[Any, Any] | None], AgentTools]) -> DraftstoreMCP:

@@ -13,7 +13,9 @@ unrecorded and a write is refused with ``turn.not_running``, changing nothing.
 
 Results are bounded (``Bounds``): a listing or a search says ``truncated``
 when cut; ``view_file`` returns a line range and ``next_start_line`` to read on.
-Bad input raises a typed ``InvalidInput`` before anything is written.
+Bad input raises a typed ``InvalidInput`` before anything is written. Error
+payloads are bounded too (``error_payload``): at most ``ERRORS_MAX`` entries of
+a detail list (``errors``: the first ones, plus ``errors_total``), strings clipped.
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from .. import errors as E
 from ..records import DraftStatus
 from ..store import Store
 
-__all__ = ["AgentTools", "Bounds", "Recording", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES", "error_payload"]
+__all__ = ["AgentTools", "Bounds", "Recording", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES", "error_payload",
+           "internal_payload"]
 
 log = logging.getLogger("draftstore.mcp")
 
@@ -38,6 +41,11 @@ WRITE_TOOLS = ("write_file", "delete_file", "move_file", "apply_changes", "patch
 TOOL_NAMES = frozenset(READ_TOOLS + WRITE_TOOLS)
 
 _BINARY_SNIFF = 8192  # as search: a NUL in the first 8 KiB makes a file binary
+
+ERRORS_MAX = 20  # entries of a list in an error's details (``errors``: the first ones, then ``errors_total``)
+ERROR_STRING_CHARS = 1000  # a string in an error's details is clipped here
+ERROR_MESSAGE_CHARS = 2000  # an error's message is clipped here
+ERROR_BYTES = 32 * 1024  # an error payload still larger than this keeps only code, message, retryable
 
 
 @dataclass(frozen=True)
@@ -52,7 +60,8 @@ class Bounds:
     search_default: int = 50
     search_max: int = 500
     search_context_max: int = 10
-    line_chars: int = 500  # a search line (or context line) longer than this is clipped
+    line_bytes: int = 500  # a search line (or context line) longer than this (UTF-8) is clipped
+    search_bytes: int = 64 * 1024  # UTF-8 bytes of one search's lines and paths: no match is added past it
     json_bytes: int = 64 * 1024  # a patched document larger than this is not echoed back
 
 
@@ -64,14 +73,44 @@ class Recording:
     seq: int | None
 
 
+def _bounded(value: Any) -> Any:
+    """A detail value with its lists cut at ``ERRORS_MAX`` entries and its strings clipped."""
+    if isinstance(value, str):
+        return _clip(value, ERROR_STRING_CHARS)[0]
+    if isinstance(value, (list, tuple)):
+        return [_bounded(v) for v in value[:ERRORS_MAX]]
+    if isinstance(value, dict):
+        items = list(value.items())
+        return {str(k)[:ERROR_STRING_CHARS]: _bounded(v) for k, v in items[:ERRORS_MAX]}
+    return value
+
+
 def error_payload(exc: E.DraftstoreError) -> dict[str, Any]:
-    """The JSON form of an error, as recorded and as returned: ``{"code", "message", "retryable", ...details}``."""
+    """The JSON form of an error, as recorded and as returned: ``{"code", "message", "retryable", ...details}``.
+
+    Bounded: a detail list keeps its first ``ERRORS_MAX`` entries (the ``errors`` list of
+    ``input.invalid`` says how many there were in ``errors_total``), strings are clipped,
+    and a payload still over ``ERROR_BYTES`` keeps only code, message and retryable."""
+    base = {"code": exc.code, "message": _clip(str(exc.message), ERROR_MESSAGE_CHARS)[0],
+            "retryable": exc.retryable}
     out = exc.to_dict()
+    errors = out.get("errors")
+    total = len(errors) if isinstance(errors, (list, tuple)) else None
+    out = {k: _bounded(v) for k, v in out.items() if k not in base}
+    if total is not None and total > ERRORS_MAX:
+        out["errors_total"] = total
+    out = {**base, **out}
     try:
-        json.dumps(out)
+        if len(json.dumps(out).encode("utf-8")) > ERROR_BYTES:
+            out = base
     except (TypeError, ValueError):  # a detail that is not JSON: keep what is stable
-        out = {"code": exc.code, "message": exc.message, "retryable": exc.retryable}
+        out = base
     return out
+
+
+def internal_payload() -> dict[str, Any]:
+    """The error of a call that failed unexpectedly (the cause is logged on the server)."""
+    return {"code": "internal", "message": "internal error (logged on the server)", "retryable": False}
 
 
 def _positive(name: str, value: int, cap: int) -> int:
@@ -82,6 +121,16 @@ def _positive(name: str, value: int, cap: int) -> int:
 
 def _clip(line: str, chars: int) -> tuple[str, bool]:
     return (line, False) if len(line) <= chars else (line[:chars] + "…", True)
+
+
+def _clip_bytes(line: str, limit: int) -> tuple[str, bool]:
+    """``line`` cut to at most ``limit`` UTF-8 bytes (never inside a character), then '…'."""
+    if len(line) <= limit // 4:  # fast path: even four-byte characters fit
+        return line, False
+    data = line.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return line, False
+    return data[:limit].decode("utf-8", "ignore") + "…", True
 
 
 def _decode(content: str, encoding: str, path: str) -> bytes:
@@ -139,24 +188,46 @@ class AgentTools:
         return Recording(turn_id, call.seq)
 
     def finish(self, rec: Recording, result: Any = None, error: dict[str, Any] | None = None) -> None:
-        """Record the call's result (or ``error``). A turn that ended meanwhile keeps the call as
-        started; a recording that fails is logged, never turned into the tool's answer."""
+        """Record the call's result (or ``error``); never raises.
+
+        When the history refuses the real payload (``payload.too_large``, ...), the call is
+        recorded ``failed`` with a small error ``{"code": <the refusal's code>, "message"}``
+        instead, so it never stays ``started``; an unexpected failure is recorded as
+        ``internal``. A turn that ended meanwhile keeps the call as started (its history is
+        closed). A recording that fails is logged, never turned into the tool's answer."""
         if rec.turn_id is None or rec.seq is None:
             return
+        what = "result" if error is None else "error"
         try:
             if error is None:
                 self.store.tool_completed(rec.turn_id, rec.seq, result)
             else:
                 self.store.tool_failed(rec.turn_id, rec.seq, error)
+            return
+        except E.TurnNotRunning:
+            return
+        except E.DraftstoreError as exc:
+            log.warning("could not record the %s of tool call %s/%s: %s", what, rec.turn_id, rec.seq, exc)
+            was = "" if error is None else f" ({error.get('code')})"
+            fallback = {"code": exc.code, "retryable": False,
+                        "message": _clip(f"the call's {what}{was} could not be recorded: {exc.message}",
+                                         ERROR_MESSAGE_CHARS)[0]}
+        except Exception:
+            log.exception("could not record the %s of tool call %s/%s", what, rec.turn_id, rec.seq)
+            fallback = {**internal_payload(), "message": f"the call's {what} could not be recorded "
+                                                         "(logged on the server)"}
+        try:
+            self.store.tool_failed(rec.turn_id, rec.seq, fallback)
         except E.TurnNotRunning:
             pass
-        except E.DraftstoreError as exc:
-            log.warning("could not record the end of tool call %s/%s: %s", rec.turn_id, rec.seq, exc)
+        except Exception:
+            log.exception("could not record tool call %s/%s as failed", rec.turn_id, rec.seq)
 
     # ------------------------------------------------------------------ reads
     def view_file(self, path: str, start_line: int = 1, end_line: int | None = None) -> dict[str, Any]:
         """Lines ``start_line``..``end_line`` (1-based, inclusive) of a file, at most
-        ``bounds.view_lines`` lines and ``bounds.view_bytes`` bytes."""
+        ``bounds.view_lines`` lines and ``bounds.view_bytes`` bytes. A single line longer
+        than the byte bound comes back cut to its first bytes, with ``line_clipped``."""
         b = self.bounds
         if isinstance(start_line, bool) or not isinstance(start_line, int) or start_line < 1:
             raise E.InvalidInput("start_line is an integer from 1", start_line=start_line)
@@ -170,7 +241,7 @@ class AgentTools:
         out: dict[str, Any] = {"path": st.path, "size": st.size, "state": view.kind}
         if b"\x00" in data[:_BINARY_SNIFF]:
             return {**out, "binary": True, "content": None, "total_lines": None, "start_line": None,
-                    "end_line": None, "truncated": False, "next_start_line": None}
+                    "end_line": None, "truncated": False, "next_start_line": None, "line_clipped": False}
         text = data.decode("utf-8", "replace")
         lines = text.split("\n")
         if lines[-1] == "":
@@ -199,7 +270,7 @@ class AgentTools:
         truncated = clipped or last < want_end
         return {**out, "binary": False, "content": "".join(parts), "total_lines": total,
                 "start_line": start_line, "end_line": last, "truncated": truncated,
-                "next_start_line": last + 1 if truncated and last < total else None}
+                "next_start_line": last + 1 if truncated and last < total else None, "line_clipped": clipped}
 
     def list_dir(self, path: str = "") -> dict[str, Any]:
         """Entries of a directory ('' is the root), at most ``bounds.list_entries``."""
@@ -220,7 +291,9 @@ class AgentTools:
 
     def search_code(self, pattern: str, regex: bool = False, glob: str | None = None, context: int = 0,
                     ignore_case: bool = False, max_results: int | None = None) -> dict[str, Any]:
-        """Lines matching ``pattern`` (literal, or RE2 with ``regex``), at most ``max_results``."""
+        """Lines matching ``pattern`` (literal, or RE2 with ``regex``), at most ``max_results``
+        matches and ``bounds.search_bytes`` UTF-8 bytes of lines and paths (each line clipped at
+        ``bounds.line_bytes``): past either, ``truncated``."""
         b = self.bounds
         limit = _positive("max_results", b.search_default if max_results is None else max_results, b.search_max)
         if isinstance(context, bool) or not isinstance(context, int) or not 0 <= context <= b.search_context_max:
@@ -229,17 +302,25 @@ class AgentTools:
         found = view.search_code(pattern, regex=regex, glob=glob, context=context, max_results=limit,
                                  ignore_case=ignore_case)
         clipped = False
+        truncated = found.truncated
+        used = len(pattern.encode("utf-8", "surrogatepass"))  # echoed back
         matches = []
         for m in found.matches:
-            line, c = _clip(m.line, b.line_chars)
-            before = [_clip(x, b.line_chars) for x in m.before]
-            after = [_clip(x, b.line_chars) for x in m.after]
+            line, c = _clip_bytes(m.line, b.line_bytes)
+            before = [_clip_bytes(x, b.line_bytes) for x in m.before] if context else []
+            after = [_clip_bytes(x, b.line_bytes) for x in m.after] if context else []
+            size = 32 + len(m.path.encode("utf-8")) + sum(len(x.encode("utf-8", "surrogatepass")) + 4
+                                                         for x in [line, *(x[0] for x in before + after)])
+            if used + size > b.search_bytes and matches:  # the byte budget: this match and the rest left off
+                truncated = True
+                break
+            used += size
             clipped = clipped or c or any(x[1] for x in before + after)
             match: dict[str, Any] = {"path": m.path, "line_number": m.line_number, "line": line}
             if context:
                 match["before"], match["after"] = [x[0] for x in before], [x[0] for x in after]
             matches.append(match)
-        return {"pattern": pattern, "state": view.kind, "matches": matches, "truncated": found.truncated,
+        return {"pattern": pattern, "state": view.kind, "matches": matches, "truncated": truncated,
                 "lines_clipped": clipped, "files_searched": found.files_searched}
 
     # ----------------------------------------------------------------- writes
