@@ -17,6 +17,8 @@ API call works in open loopback mode.
 
 from __future__ import annotations
 
+import http.client
+import json
 import os
 import re
 import shutil
@@ -125,6 +127,7 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     store.tool_started(turn.id, "view_file", {"path": "main.py"})
     store.tool_completed(turn.id, 1, {"content": "<b>print(1)</b>"})
     api = service.client()
+    actor = f"admin-web:{api.get('/v1/whoami').json()['token_id']}"  # what the page records on what it does
 
     # log in: a wrong token shows its code, the admin token shows the projects
     page.goto(f"{service.url}/admin")
@@ -174,6 +177,7 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     expect(call_row(page, 3)).to_have_attribute("data-status", "started")
     expect(call_row(page, 3).locator(".approval")).to_contain_text("approved")
     expect(call_row(page, 3).locator(".approval")).to_contain_text("fine <i>by me</i>")
+    expect(call_row(page, 3).locator(".approval")).to_contain_text(f"by {actor}")
     assert api.post(f"/v1/turns/{turn.id}/tool-calls/3/complete", json={"result": "<script>x</script>"}).status_code == 204
     expect(call_row(page, 3)).to_have_attribute("data-status", "completed")
 
@@ -197,7 +201,6 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     expect(page.locator("#stream-state")).to_have_attribute("data-state", "ended")
     expect(page.locator("#tool-calls li.call")).to_have_count(4)
     assert page.evaluate("window.__sameDocument") is True  # updated in place, never reloaded
-    assert page.evaluate("window.__xss") is None
     shot(page, "04-turn-completed")
 
     # publish from the project page
@@ -210,6 +213,7 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     expect(page.locator("#draft-status")).to_have_text("No open draft.")
     v2 = store.get_project(project.id).current_version_id
     assert v2 != v1
+    assert api.get(f"/v1/projects/{project.id}/versions/{v2}").json()["created_by"] == actor
 
     # the diff v1 -> v2, side by side
     page.locator(f"#versions-table tr[data-version='{v2}'] a", has_text="diff vs parent").click()
@@ -236,6 +240,8 @@ def test_an_admin_watches_a_turn_live_publishes_diffs_and_rolls_back(service: Se
     expect(page.locator("#head-number")).to_have_text("v1")
     expect(page.locator("#moves-table tbody tr").first).to_have_attribute("data-reason", "rollback")
     assert store.get_project(project.id).current_version_id == v1
+    moves = api.get(f"/v1/projects/{project.id}/head-moves").json()["items"]
+    assert [(m["reason"], m["actor"]) for m in moves[-2:]] == [("publish", actor), ("rollback", actor)]
     page.click("#publish")
     confirm(page, summary="stale")
     expect(page.locator("#action-status .error .errcode")).to_have_text("draft.conflict")
@@ -394,6 +400,184 @@ def test_an_agent_sees_the_draft_and_turns_but_no_admin_buttons(service: Service
     assert store.get_project(project.id).active_draft_id is not None
 
 
+# -- leaving a page: nothing of it survives -------------------------------------------------
+SLOW_VERSIONS = """(() => { const f = window.fetch; window.fetch = async (u, i) => {
+  if (window.__slow && String(u).includes('/versions?')) await new Promise(r => setTimeout(r, 600));
+  return f(u, i); }; })()"""
+
+
+@EMBEDDED
+def test_leaving_a_loading_page_leaks_no_stream_and_a_bad_address_is_an_error(service: Service, page: Any) -> None:
+    """A project page left while it loads opens no event stream: after more such leaves than the
+    browser's six connections per host, the next project page still loads."""
+    from playwright.sync_api import expect
+
+    project = service.store.create_project("left early", files={"a.txt": "1\n"})
+    streams: list[str] = []
+    page.on("request", lambda req: streams.append(req.url) if req.url.endswith("/events") else None)
+    page.add_init_script(SLOW_VERSIONS)
+    login(page, service, service.admin)
+    page.evaluate("window.__slow = true")
+    for i in range(7):
+        page.evaluate(f"location.hash = '#/p/{project.id}'")
+        page.wait_for_timeout(150)  # the versions are still on their way
+        page.evaluate(f"location.hash = '#/?x={i}'")
+        expect(page.locator("#projects")).to_be_visible()
+    page.wait_for_timeout(700)  # every slowed read has come back to a page that is gone
+    assert streams == []
+    page.evaluate("window.__slow = false")
+    page.evaluate(f"location.hash = '#/p/{project.id}'")
+    expect(page.locator("#head-number")).to_have_text("v1", timeout=6000)
+    for _ in range(50):  # the stream opens just after the page is drawn
+        if streams:
+            break
+        page.wait_for_timeout(100)
+    assert len(streams) == 1, streams
+
+    # a bad percent escape in the address: an error on the page, not an uncaught exception
+    page.evaluate("location.hash = '#/p/%E0'")
+    expect(page.locator("#main .error .errcode")).to_have_text("route.invalid")
+
+
+@EMBEDDED
+def test_a_question_does_not_outlive_its_page(service: Service, page: Any) -> None:
+    """A confirmation open when the page is left (the back button, say) is cancelled: its OK can
+    never act on the project the user has since left. Its title names the project."""
+    from playwright.sync_api import expect
+
+    store = service.store
+    a = store.create_project("AAA", files={"a.txt": "1\n"})
+    t = store.start_turn(a.id, "x")
+    store.write_file(t.id, "a.txt", "2\n")
+    store.complete_turn(t.id, "ok")
+    v1 = a.current_version_id
+    v2 = store.publish(a.id, "v2").id
+    b = store.create_project("BBB", files={"b.txt": "1\n"})
+    login(page, service, service.admin)
+    page.evaluate(f"location.hash = '#/p/{a.id}'")
+    page.locator(f"#versions-table tr[data-version='{v1}'] button.rollback").click()
+    expect(page.locator("dialog#confirm")).to_be_visible()
+    expect(page.locator("#confirm-title")).to_have_text("Roll AAA back to v1?")
+    page.evaluate(f"location.hash = '#/p/{b.id}'")
+    expect(page.locator("#project-name")).to_contain_text("BBB")
+    expect(page.locator("dialog#confirm")).to_be_hidden()
+    page.wait_for_timeout(300)
+    assert store.get_project(a.id).current_version_id == v2
+    assert page.locator("#action-status").text_content() == ""
+
+    # the draft's questions name the project too
+    t = store.start_turn(b.id, "y")
+    store.complete_turn(t.id, "ok")
+    page.reload()
+    expect(page.locator("#draft-status")).to_contain_text("paused")
+    page.click("#publish")
+    expect(page.locator("#confirm-title")).to_have_text("Publish the draft of BBB?")
+    page.locator("#confirm-cancel").click()
+    page.click("#discard")
+    expect(page.locator("#confirm-title")).to_have_text("Discard the draft of BBB?")
+    page.locator("#confirm-cancel").click()
+    expect(page.locator("dialog#confirm")).to_be_hidden()
+    assert store.get_project(b.id).active_draft_id is not None
+
+
+@EMBEDDED
+def test_long_lists_show_their_newest_items_and_say_how_many_are_not_shown(service: Service, page: Any) -> None:
+    """Lists longer than the page's caps (lowered here) show the newest items, with a count of the
+    older ones left out; head's version is shown even when it is older than every version listed."""
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("long", files={"n.txt": "0\n"})
+    v1 = project.current_version_id
+    for n in range(1, 7):  # v2 .. v7, six turns
+        turn = store.start_turn(project.id, f"turn {n}")
+        store.write_file(turn.id, "n.txt", f"{n}\n")
+        store.complete_turn(turn.id, "ok")
+        store.publish(project.id, f"number {n + 1}")
+    store.rollback_to(project.id, v1)  # head moves: create, 6 publishes, this rollback
+
+    login(page, service, service.admin)
+    page.evaluate("""async () => {
+        const {LIMITS} = await import('/admin/static/project.js');
+        Object.assign(LIMITS, {versions: 3, moves: 4, turns: 2, page: 2});
+    }""")
+    page.evaluate(f"location.hash = '#/p/{project.id}'")
+    expect(page.locator("#versions-table tbody tr")).to_have_count(3)
+    numbers = page.locator("#versions-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.number)")
+    assert numbers == ["7", "6", "5"]
+    expect(page.locator("#versions-older")).to_have_text(
+        "Showing the newest 3 of 7 versions; the 4 older ones are not shown.")
+    expect(page.locator("#head-number")).to_have_text("v1")  # read by id: older than the versions shown
+    expect(page.locator("#moves-table tbody tr")).to_have_count(4)
+    expect(page.locator("#moves-table tbody tr").first).to_have_attribute("data-reason", "rollback")
+    expect(page.locator("#moves-table tbody tr").first).to_contain_text("v7 → v1")
+    expect(page.locator("#moves-older")).to_have_text(
+        "Showing the newest 4 of 8 head moves; the 4 older ones are not shown.")
+    expect(page.locator("#turns-table tbody tr")).to_have_count(2)
+    expect(page.locator("#turns-table tbody tr").first).to_contain_text("turn 6")
+    expect(page.locator("#turns-older")).to_have_text("Showing the newest 2 of 6 turns; the 4 older ones are not shown.")
+    shot(page, "09-long-lists")
+
+    # lists within their caps have no such line; the diff page names head by its number all the same
+    page.evaluate("""async () => {
+        const {LIMITS} = await import('/admin/static/project.js');
+        Object.assign(LIMITS, {versions: 5000, moves: 2000, turns: 1000, page: 200});
+    }""")
+    page.evaluate(f"location.hash = '#/p/{project.id}/diff?a=head&b=head'")
+    expect(page.locator("#diff-summary")).to_contain_text("head (v1)")
+    page.evaluate(f"location.hash = '#/p/{project.id}'")
+    expect(page.locator("#versions-table tbody tr")).to_have_count(7)
+    for older in ("#versions-older", "#moves-older", "#turns-older"):
+        expect(page.locator(older)).to_have_count(0)
+
+
+@EMBEDDED
+def test_the_stream_reader_backs_off_and_resets_once_live(service_factory: Any, page: Any) -> None:
+    """``follow()`` against a fake fetch: failures back off (0.5, 1, 2 s …); a connection that went
+    live and delivered events resets the wait to 0.5 s; 200 answers that end without an event back
+    off as failures do; an answer that is not an event stream ends the stream (no retry)."""
+    svc = service_factory(with_admin=False)
+    page.goto(f"{svc.url}/admin")
+    got = page.evaluate("""async () => {
+      const {follow} = await import('/admin/static/api.js');
+      const t0 = performance.now();
+      const calls = {flaky: [], empty: [], html: []};
+      const enc = new TextEncoder();
+      window.fetch = async (url, init) => {
+        const kind = url.split('/').pop();
+        calls[kind].push(Math.round(performance.now() - t0));
+        const n = calls[kind].length;
+        if (kind === 'flaky') {
+          if (n <= 2) throw new TypeError('Failed to fetch');
+          const body = new ReadableStream({start(c) {
+            c.enqueue(enc.encode('id: e:' + n + '\\r\\nevent: x\\r\\ndata: {}\\r\\n\\r\\n'));
+            setTimeout(() => c.error(new TypeError('network error')), 100);
+          }});
+          return new Response(body, {status: 200, headers: {'content-type': 'text/event-stream'}});
+        }
+        if (kind === 'empty') return new Response('', {status: 200, headers: {'content-type': 'text/event-stream'}});
+        return new Response('<html>a proxy</html>', {status: 200, headers: {'content-type': 'text/html'}});
+      };
+      const states = {flaky: [], empty: [], html: []};
+      const streams = Object.keys(calls).map((k) => follow('/x/' + k, {onEvent: () => {}, onState: (s, e) => states[k].push(e && e.code ? `${s}:${e.code}` : s)}));
+      await new Promise((r) => setTimeout(r, 4300));
+      streams.forEach((s) => s.close());
+      return {calls, states};
+    }""")
+    gaps = {k: [b - a for a, b in zip(v, v[1:])] for k, v in got["calls"].items()}
+    flaky = gaps["flaky"]
+    # two failures (0.5 s, 1 s), then every live connection (events, then a break after 0.1 s) waits 0.5 s again
+    assert 400 <= flaky[0] < 900 and 900 <= flaky[1] < 1500, flaky
+    assert len(flaky) >= 4 and all(550 <= g < 1000 for g in flaky[2:]), flaky
+    # empty 200 answers: 0.5, 1, 2 s … not a 0.5 s loop
+    empty = gaps["empty"]
+    assert len(empty) >= 2 and 400 <= empty[0] < 900 and 900 <= empty[1] < 1500, empty
+    assert len(got["calls"]["empty"]) <= 4, got["calls"]["empty"]
+    # not an event stream: asked once, refused for good
+    assert len(got["calls"]["html"]) == 1
+    assert got["states"]["html"] == ["connecting", "denied:stream.not_sse"]
+
+
 # -- open loopback mode and the SSE parser, in the browser ----------------------------------
 @EMBEDDED
 def test_open_mode_needs_no_login_and_the_sse_parser_handles_split_lines(service_factory: Any, page: Any) -> None:
@@ -455,11 +639,74 @@ def test_the_page_and_its_assets_are_served_with_their_types_and_no_token(servic
         r = c.get(f"/admin/static/{bad}")
         assert r.status_code == 404, bad
         assert r.json()["code"] == "route.not_found"
-    assert c.get("/admin/static/../__init__.py").status_code == 404
+    # the path exactly as written (httpx would resolve the dots before sending it)
+    host, port = svc.url.removeprefix("http://").rsplit(":", 1)
+    for raw in ("../__init__.py", "%2e%2e/__init__.py", "..%2F__init__.py", "%2e%2e%2f__init__.py",
+                "..%5C__init__.py", "../../routes/streams.py"):
+        conn = http.client.HTTPConnection(host, int(port), timeout=30)
+        try:
+            conn.request("GET", f"/admin/static/{raw}")
+            r = conn.getresponse()
+            body = r.read()
+        finally:
+            conn.close()
+        assert r.status == 404, (raw, r.status)
+        assert b"from __future__" not in body and b"import" not in body, raw
 
     # the page's first call works without a token from loopback; the admin routes are not API
     assert c.get("/v1/projects?limit=1").status_code == 200
     assert not [p for p in httpx.get(f"{svc.url}/openapi.json").json()["paths"] if p.startswith("/admin")]
+
+
+def _sse_events(client: httpx.Client, url: str, until: str) -> list[tuple[str, Any]]:
+    """Read an SSE stream from its start until an event of type ``until``: [(type, data)]."""
+    out: list[tuple[str, Any]] = []
+    kind, data = "message", []
+    with client.stream("GET", url, headers={"accept": "text/event-stream"}, timeout=30) as r:
+        assert r.status_code == 200, r.read()
+        for line in r.iter_lines():
+            if line.startswith("event:"):
+                kind = line[6:].strip()
+            elif line.startswith("data:"):
+                data.append(line[5:].strip())
+            elif line == "":
+                if data:
+                    out.append((kind, json.loads("\n".join(data))))
+                    if kind == until:
+                        return out
+                kind, data = "message", []
+    return out
+
+
+def test_an_observer_s_project_stream_carries_no_draft_event(service: Service) -> None:
+    """After turns, a discard and a publish, the project's stream (replayed from its start, and as a
+    JSON page) gives an observer the published versions and head moves only: no draft event, and no
+    event naming a draft. An admin's stream has the discard."""
+    store = service.store
+    project = store.create_project("watched stream", files={"a.txt": "1\n"})
+    turn = store.start_turn(project.id, "thrown away")
+    store.write_file(turn.id, "a.txt", "x\n")
+    store.complete_turn(turn.id, "ok")
+    admin = service.client()
+    assert admin.post(f"/v1/projects/{project.id}/discard", json={}).status_code == 200
+    turn = store.start_turn(project.id, "kept")
+    store.write_file(turn.id, "a.txt", "2\n")
+    store.complete_turn(turn.id, "ok")
+    assert admin.post(f"/v1/projects/{project.id}/publish", json={"summary": "two"}).status_code == 201
+
+    observer = service.client(token=service.token("observer"))
+    url = f"/v1/projects/{project.id}/events?after=0"
+    seen = _sse_events(observer, url, until="version.published")
+    assert [t for t, _ in seen] == ["version.published"], seen
+    assert not [d for _, d in seen if "draft_id" in d]
+    page = observer.get(url, headers={"accept": "application/json"}).json()
+    assert [e["type"] for e in page["events"]] == ["version.published"], page
+    assert "draft" not in json.dumps(page["events"])
+
+    mine = [t for t, _ in _sse_events(admin, url, until="version.published")]
+    assert mine == ["draft.discarded", "version.published"], mine
+    page = admin.get(url, headers={"accept": "application/json"}).json()
+    assert [e["type"] for e in page["events"]] == ["draft.discarded", "version.published"], page
 
 
 def test_no_stored_text_goes_through_innerHTML() -> None:

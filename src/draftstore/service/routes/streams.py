@@ -44,7 +44,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ... import errors as E
 from ...coord import Tail
-from ...records import TurnStatus
+from ...records import Role, TurnStatus
 from ...store import Store
 from ..auth import AGENT, ANY, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON, dumps
@@ -71,6 +71,12 @@ MAX_RETRY_S = 2.0  # longest wait between attempts to reach an unreachable coord
 BATCH = 500
 TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
 COMMITTED = {"version.published", "head.moved", "draft.discarded"}
+PUBLISHED = {"version.published", "head.moved"}  # what an observer may learn: no draft, ever
+
+
+def _hidden(event: Any) -> bool:
+    """An event about a draft (one that names a draft id): never sent to an observer."""
+    return event.type.startswith("draft.") or (isinstance(event.data, dict) and "draft_id" in event.data)
 
 
 def _position(last_event_id: str | None, after: int | None) -> tuple[str | None, int] | None:
@@ -93,8 +99,9 @@ class _Stream:
     """One subscriber's cursor over one buffer: yields what it has not seen."""
 
     def __init__(self, store: Store, stream: str, turn_id: str | None, types: set[str] | None,
-                 turn_ended: bool = False) -> None:
+                 turn_ended: bool = False, no_drafts: bool = False) -> None:
         self.store, self.stream, self.turn_id, self.types = store, stream, turn_id, types
+        self.no_drafts = no_drafts  # an observer's stream: no event about a draft
         self.epoch: str | None = None
         self.after = 0
         self.ended = False
@@ -175,7 +182,7 @@ class _Stream:
                 if (event.type, event.data.get("seq")) in self.rebuilt_keys:
                     # appended after the rebuild's snapshot but already sent by it: only move the client's cursor
                     yield ServerSentEvent(id=f"{self.epoch or '-'}:{event.id}")
-                elif self.types is None or event.type in self.types:
+                elif (self.types is None or event.type in self.types) and not (self.no_drafts and _hidden(event)):
                     yield _sse(self.epoch, event)
                 if self.turn_id and event.type in TURN_END:
                     self.ended = True
@@ -199,7 +206,7 @@ def _response(request: Request, stream: _Stream, position: tuple[str | None, int
 
 
 def _page(store: Store, stream: str, after: int | None, before: int | None, limit: int,
-          types: set[str] | None) -> JSON:
+          types: set[str] | None, no_drafts: bool = False) -> JSON:
     if after is None:
         after = 0
         if before is not None:  # paging backwards: the newest ``limit`` events before ``before``
@@ -208,7 +215,7 @@ def _page(store: Store, stream: str, after: int | None, before: int | None, limi
     tail = store.coord.tail(stream, after, limit if before is None else max(0, min(limit, before - after - 1)))
     events = [e for e in tail.events if before is None or e.id < before]
     shown = [{"id": f"{tail.epoch}:{e.id}", "type": e.type, "data": e.data}
-             for e in events if types is None or e.type in types]
+             for e in events if (types is None or e.type in types) and not (no_drafts and _hidden(e))]
     last = events[-1].id if events else after
     # whether the buffer holds events before the page's first id / after its last (whatever the window asked)
     return JSON({"events": shown, "epoch": tail.epoch, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
@@ -244,10 +251,14 @@ async def project_events(project_id: str, request: Request, store: StoreDep,
                          after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
                          before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
                          principal: Principal = Allow(*ANY)) -> Any:
-    """Committed events of the project only: ``version.published``, ``head.moved``, ``draft.discarded``."""
+    """Committed events of the project only: ``version.published``, ``head.moved``, ``draft.discarded``.
+    An observer never learns of a draft: its stream carries ``version.published`` and ``head.moved`` only,
+    and no event that names a draft."""
     project_scope(principal, project_id)
     await run_in_threadpool(store.get_project, project_id)
+    observer = principal.role == Role.OBSERVER
+    types = PUBLISHED if observer else COMMITTED
     if _wants_json(request):
-        return await run_in_threadpool(_page, store, f"project:{project_id}", after, before, limit, COMMITTED)
+        return await run_in_threadpool(_page, store, f"project:{project_id}", after, before, limit, types, observer)
     position = _position(request.headers.get("last-event-id"), after)
-    return _response(request, _Stream(store, f"project:{project_id}", None, COMMITTED), position)
+    return _response(request, _Stream(store, f"project:{project_id}", None, types, no_drafts=observer), position)

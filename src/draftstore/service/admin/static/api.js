@@ -78,6 +78,28 @@ export async function allPages(path, {max = 2000, limit = 200, signal} = {}) {
   return {items, truncated: Boolean(cursor)};
 }
 
+/**
+ * The newest ``keep`` items of a list the API pages oldest first (it has no
+ * "newest first" order): every page is read, only the last ``keep`` items are
+ * held. ``total`` counts them all; ``dropped`` how many older ones are not kept.
+ */
+export async function newestPages(path, {keep = 2000, limit = 200, signal} = {}) {
+  let items = [];
+  let total = 0;
+  let cursor = null;
+  const sep = path.includes("?") ? "&" : "?";
+  do {
+    const url = `${path}${sep}limit=${limit}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : "");
+    const page = await get(url, {signal});
+    items.push(...page.items);
+    total += page.items.length;
+    if (items.length > 2 * keep) items = items.slice(-keep); // bounded memory, amortised copying
+    cursor = page.next_cursor;
+  } while (cursor);
+  if (items.length > keep) items = items.slice(-keep);
+  return {items, total, dropped: total - items.length};
+}
+
 export const enc = encodeURIComponent;
 
 // -- Server-sent events over fetch() ----------------------------------------------------
@@ -142,8 +164,10 @@ export function follow(path, {onEvent, onState = () => {}}) {
   const controller = new AbortController();
   let lastEventId = "";
   let closed = false;
+  let delay = 500; // the wait before the next attempt: back to 500 ms once a connection is live
+  let quiet = 0; // answers in a row that ended without a single event: they do not reset the wait
 
-  async function once() {
+  async function once(seen) {
     const hdrs = headers({Accept: "text/event-stream"});
     if (lastEventId) hdrs["Last-Event-ID"] = lastEventId;
     const response = await fetch(path, {headers: hdrs, cache: "no-store", signal: controller.signal});
@@ -155,14 +179,25 @@ export function follow(path, {onEvent, onState = () => {}}) {
       }
       throw err;
     }
+    const type = (response.headers.get("content-type") || "").split(";")[0].trim().toLowerCase();
+    if (type !== "text/event-stream") { // not an event stream (a proxy's page, say): asking again will not help
+      response.body && response.body.cancel().catch(() => {});
+      const err = new ApiError(response.status, {code: "stream.not_sse",
+        message: `expected an event stream, got ${type || "no content type"}`});
+      err.final = true;
+      throw err;
+    }
+    seen.live = true;
+    if (!quiet) delay = 500;
     onState("live");
     let ended = false;
     const parser = new SSEParser((e) => {
+      seen.event = true;
       let data = e.data;
       try { data = JSON.parse(e.data); } catch { /* keep the text */ }
       if (e.type === "stream.end") ended = true;
       onEvent({type: e.type, data, id: e.id});
-    }, (id) => { lastEventId = id; });
+    }, (id) => { seen.event = true; lastEventId = id; });
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     try {
       for (;;) {
@@ -178,18 +213,18 @@ export function follow(path, {onEvent, onState = () => {}}) {
   }
 
   (async () => {
-    let delay = 500;
     while (!closed) {
       onState(lastEventId ? "reconnecting" : "connecting");
+      const seen = {live: false, event: false};
       try {
-        if (await once()) { onState("ended"); return; }
-        delay = 500;
+        if (await once(seen)) { onState("ended"); return; }
       } catch (err) {
         if (closed || (err && err.name === "AbortError")) return;
         if (err instanceof ApiError && err.final) { onState("denied", err); return; }
         onState("reconnecting", err);
       }
       if (closed) return;
+      if (seen.live) quiet = seen.event ? 0 : quiet + 1;
       await new Promise((resolve) => setTimeout(resolve, delay));
       delay = Math.min(delay * 2, 5000);
     }

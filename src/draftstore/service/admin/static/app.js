@@ -5,7 +5,7 @@
 //   #/t/<turn>              a turn's timeline, live over its SSE stream
 import {h, replace, short} from "./dom.js";
 import {ApiError, get, session} from "./api.js";
-import {errorBox} from "./ui.js";
+import {closeDialog, errorBox} from "./ui.js";
 import {projectsPage} from "./projects.js";
 import {projectPage} from "./project.js";
 import {diffPage} from "./diff.js";
@@ -16,15 +16,36 @@ const whoami = document.getElementById("whoami");
 
 let openMode = false;
 let who = null; // GET /v1/whoami: {role, project_id, token_id, open_mode}
-let current = null; // {controller, cleanups}
+let current = null; // {controller, signal, cleanups, onLeave}
 
+/** Leave the current page: abort its requests, run its cleanups (streams, timers), cancel its open question. */
 function leave() {
+  closeDialog();
   if (!current) return;
   current.controller.abort();
   for (const fn of current.cleanups) {
     try { fn(); } catch { /* the page is going away */ }
   }
+  current.cleanups = [];
   current = null;
+}
+
+/**
+ * A page's context. A page function checks ``ctx.signal.aborted`` after each await and returns
+ * once the page was left; ``ctx.onLeave(fn)`` runs ``fn`` when the page is left, or at once if it
+ * already was (so a stream opened late is never leaked).
+ */
+function pageContext() {
+  const controller = new AbortController();
+  const ctx = {controller, signal: controller.signal, cleanups: [], who};
+  ctx.onLeave = (fn) => {
+    if (ctx.signal.aborted) {
+      try { fn(); } catch { /* already gone */ }
+    } else {
+      ctx.cleanups.push(fn);
+    }
+  };
+  return ctx;
 }
 
 /** The role (and project scope) the API gives this token: the page offers only what that role may do. */
@@ -110,13 +131,17 @@ function parseHash() {
 async function route() {
   leave();
   if (!session.token && !openMode) return showLogin(null);
-  const {parts, params} = parseHash();
-  const ctx = {controller: new AbortController(), cleanups: [], who};
-  ctx.signal = ctx.controller.signal;
-  ctx.onLeave = (fn) => ctx.cleanups.push(fn);
+  const ctx = pageContext();
   current = ctx;
   replace(main, h("p.muted", "Loading…"));
   try {
+    let parsed;
+    try {
+      parsed = parseHash();
+    } catch (err) { // a bad percent escape (#/p/%E0)
+      throw new ApiError(0, {code: "route.invalid", message: `cannot read the address ${location.hash} (${err.message})`});
+    }
+    const {parts, params} = parsed;
     if (parts.length === 0) await projectsPage(main, ctx);
     else if (parts[0] === "p" && parts.length === 2) await projectPage(main, ctx, parts[1]);
     else if (parts[0] === "p" && parts[2] === "diff") await diffPage(main, ctx, parts[1], params);
@@ -124,7 +149,7 @@ async function route() {
     else if (parts[0] === "login") location.hash = "#/";
     else replace(main, errorBox(new ApiError(404, {code: "route.not_found", message: `no page ${location.hash}`})));
   } catch (err) {
-    if (err && err.name === "AbortError") return;
+    if ((err && err.name === "AbortError") || ctx.signal.aborted) return;
     if (current === ctx) replace(main, errorBox(err));
   }
 }

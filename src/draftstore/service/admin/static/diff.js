@@ -3,7 +3,8 @@
 // settings (both documents, line by line). A state is head, draft, a version
 // id, or turn:<id>:start|end.
 import {badge, h, replace, short} from "./dom.js";
-import {allPages, enc, get} from "./api.js";
+import {enc, get, newestPages} from "./api.js";
+import {LIMITS} from "./project.js";
 import {attempt, errorBox} from "./ui.js";
 
 const CONTEXT = 3; // unchanged lines kept around a change in the JSON documents
@@ -11,8 +12,16 @@ const CONTEXT = 3; // unchanged lines kept around a change in the JSON documents
 export async function diffPage(main, ctx, projectId, params) {
   const base = `/v1/projects/${enc(projectId)}`;
   const project = await get(base, {signal: ctx.signal});
-  const {items: versions} = await allPages(`${base}/versions`, {signal: ctx.signal, max: 5000});
-  const head = versions.find((v) => v.id === project.current_version_id);
+  if (ctx.signal.aborted) return;
+  const {items: versions} = await newestPages(`${base}/versions`,
+    {signal: ctx.signal, keep: LIMITS.versions, limit: LIMITS.page});
+  if (ctx.signal.aborted) return;
+  let head = versions.find((v) => v.id === project.current_version_id);
+  if (!head && project.current_version_id) { // older than the versions listed
+    head = await get(`${base}/versions/${enc(project.current_version_id)}`, {signal: ctx.signal});
+    if (ctx.signal.aborted) return;
+    versions.unshift(head);
+  }
   const a = params.get("a") || (head && head.parent_version_id) || "head";
   const b = params.get("b") || "head";
   document.title = `Diff — ${project.name} — draftstore admin`;
@@ -50,11 +59,12 @@ export async function diffPage(main, ctx, projectId, params) {
 
   const [diff, err] = await attempt(
     get(`${base}/diff?a=${enc(a)}&b=${enc(b)}`, {signal: ctx.signal}), result, `Diff ${label(a)} → ${label(b)}`);
-  if (err) return;
+  if (err || ctx.signal.aborted) return;
 
   const docs = diff.characters.length || diff.world_settings.length
     ? await Promise.all([a, b].map((ref) => get(`${base}/view?at=${enc(ref)}`, {signal: ctx.signal}).catch((e) => e)))
     : null;
+  if (ctx.signal.aborted) return;
 
   const counts = {};
   for (const f of diff.files) counts[f.status] = (counts[f.status] || 0) + 1;

@@ -4,12 +4,27 @@
 // follows the token's role (ctx.who): the actions are an admin's, and an
 // observer gets no draft or turns sections at all (the API refuses them anyway).
 import {badge, h, messageText, preview, replace, section, short, when, duration} from "./dom.js";
-import {allPages, enc, follow, get, post} from "./api.js";
-import {attempt, busy, confirmAction, errorBox} from "./ui.js";
+import {enc, follow, get, newestPages, post} from "./api.js";
+import {actorOf, attempt, busy, confirmAction, errorBox} from "./ui.js";
+
+/**
+ * How many of each list the page shows: the newest ones (the API lists oldest
+ * first, so every page is read and only the newest kept). ``page`` is the
+ * page size asked for. A module object, so a test can lower it.
+ */
+export const LIMITS = {versions: 5000, moves: 2000, turns: 1000, page: 200};
+
+/** "showing the newest N of M <what>; older ones are not shown", or null when all are shown. */
+function olderNote(id, what, list) {
+  if (!list.dropped) return null;
+  return h("p.muted.older", {id},
+    `Showing the newest ${list.items.length} of ${list.total} ${what}; the ${list.dropped} older ones are not shown.`);
+}
 
 export async function projectPage(main, ctx, projectId) {
   const base = `/v1/projects/${enc(projectId)}`;
   const project = await get(base, {signal: ctx.signal});
+  if (ctx.signal.aborted) return;
   const role = ctx.who ? ctx.who.role : "admin"; // unknown: offer everything, the API decides
   const isAdmin = role === "admin";
   const isObserver = role === "observer";
@@ -36,8 +51,10 @@ export async function projectPage(main, ctx, projectId) {
     section("Head moves", movesBox));
 
   let versions = [];
+  let headVersion = null; // head's version, read by id when it is older than the versions shown
+  const actor = actorOf(ctx.who);
   const numberOf = (id) => {
-    const v = versions.find((x) => x.id === id);
+    const v = versions.find((x) => x.id === id) || (headVersion && headVersion.id === id ? headVersion : null);
     return v ? `v${v.number}` : short(id);
   };
 
@@ -66,41 +83,41 @@ export async function projectPage(main, ctx, projectId) {
 
   async function publish(ev) {
     const values = await confirmAction({
-      title: "Publish the draft?",
+      title: `Publish the draft of ${project.name}?`,
       text: "The draft becomes a new immutable version and the project's head.",
       okLabel: "Publish",
       fields: [{name: "summary", label: "Summary", placeholder: "what changed"},
                {name: "force", label: "force (publish even if the draft's base is no longer head)", type: "checkbox"}],
     });
-    if (!values) return;
-    await act(ev.target, "Publish", () => post(`${base}/publish`, {summary: values.summary, force: values.force}),
+    if (!values || ctx.signal.aborted) return;
+    await act(ev.target, "Publish", () => post(`${base}/publish`, {summary: values.summary, force: values.force, actor}),
       (v) => `Published version ${v.number}.`);
   }
 
   async function discard(ev) {
     const values = await confirmAction({
-      title: "Discard the draft?",
+      title: `Discard the draft of ${project.name}?`,
       text: "Its unpublished work is dropped; a running turn ends rolled back. Versions are not touched.",
       okLabel: "Discard", danger: true,
     });
-    if (!values) return;
-    await act(ev.target, "Discard", () => post(`${base}/discard`, {}), () => "The draft was discarded.");
+    if (!values || ctx.signal.aborted) return;
+    await act(ev.target, "Discard", () => post(`${base}/discard`, {actor}), () => "The draft was discarded.");
   }
 
   async function rollback(ev, version) {
     const values = await confirmAction({
-      title: `Roll head back to v${version.number}?`,
+      title: `Roll ${project.name} back to v${version.number}?`,
       text: `Head moves from ${numberOf(project.current_version_id)} to v${version.number}. ` +
             "No version is deleted, and the move is recorded.",
       okLabel: `Roll back to v${version.number}`, danger: true,
     });
-    if (!values) return;
-    await act(ev.target, "Roll back", () => post(`${base}/rollback`, {version_id: version.id}),
+    if (!values || ctx.signal.aborted) return;
+    await act(ev.target, "Roll back", () => post(`${base}/rollback`, {version_id: version.id, actor}),
       () => `Head is now v${version.number}.`);
   }
 
   function renderHead() {
-    const head = versions.find((v) => v.id === project.current_version_id);
+    const head = headVersion;
     replace(headCard, h("h2", "Head"),
       head
         ? h("div",
@@ -149,7 +166,7 @@ export async function projectPage(main, ctx, projectId) {
           "Diff draft vs head")));
   }
 
-  function renderVersions(truncated) {
+  function renderVersions(list) {
     const rows = [...versions].reverse().map((v) => {
       const isHead = v.id === project.current_version_id;
       const parent = v.parent_version_id;
@@ -169,12 +186,13 @@ export async function projectPage(main, ctx, projectId) {
       h("table", {id: "versions-table"},
         h("thead", h("tr", ["version", "summary", "files", "by", "published", "turn", ""].map((x) => h("th", x)))),
         h("tbody", rows)),
-      truncated ? h("p.muted", "Older versions not shown.") : null);
+      olderNote("versions-older", "versions", list));
   }
 
   async function renderTurns() {
-    const [page, err] = await attempt(allPages(`${base}/turns`, {signal: ctx.signal, max: 1000}), turnsBox, "Turns");
-    if (err) return;
+    const [page, err] = await attempt(
+      newestPages(`${base}/turns`, {signal: ctx.signal, keep: LIMITS.turns, limit: LIMITS.page}), turnsBox, "Turns");
+    if (err || ctx.signal.aborted) return;
     const rows = [...page.items].reverse().map((t) => h("tr", {dataset: {turn: t.id}},
       h("td", h("a", {href: `#/t/${enc(t.id)}`}, `#${t.number}`)),
       h("td", badge(t.status), t.end_reason ? h("span.muted", ` ${t.end_reason}`) : null),
@@ -186,12 +204,13 @@ export async function projectPage(main, ctx, projectId) {
       ? h("table", {id: "turns-table"},
         h("thead", h("tr", ["turn", "status", "user message", "actor", "started", "took"].map((x) => h("th", x)))),
         h("tbody", rows))
-      : h("p.muted", "No turns yet."));
+      : h("p.muted", "No turns yet."), olderNote("turns-older", "turns", page));
   }
 
   async function renderMoves() {
-    const [page, err] = await attempt(allPages(`${base}/head-moves`, {signal: ctx.signal}), movesBox, "Head moves");
-    if (err) return;
+    const [page, err] = await attempt(
+      newestPages(`${base}/head-moves`, {signal: ctx.signal, keep: LIMITS.moves, limit: LIMITS.page}), movesBox, "Head moves");
+    if (err || ctx.signal.aborted) return;
     const rows = [...page.items].reverse().map((m) => h("tr", {dataset: {reason: m.reason}},
       h("td", when(m.at)),
       h("td", badge(m.reason)),
@@ -200,7 +219,7 @@ export async function projectPage(main, ctx, projectId) {
       h("td", m.turn_id ? turnRef(m.turn_id) : "")));
     replace(movesBox, h("table", {id: "moves-table"},
       h("thead", h("tr", ["when", "reason", "move", "actor", "turn"].map((x) => h("th", x)))),
-      h("tbody", rows)));
+      h("tbody", rows)), olderNote("moves-older", "head moves", page));
   }
 
   let refreshing = null;
@@ -213,10 +232,16 @@ export async function projectPage(main, ctx, projectId) {
     refreshing = (async () => {
       try {
         Object.assign(project, await get(base, {signal: ctx.signal}));
-        const page = await allPages(`${base}/versions`, {signal: ctx.signal, max: 5000});
+        const page = await newestPages(`${base}/versions`, {signal: ctx.signal, keep: LIMITS.versions, limit: LIMITS.page});
+        const headId = project.current_version_id;
+        headVersion = page.items.find((v) => v.id === headId) || null;
+        if (!headVersion && headId) { // rolled back to a version older than the ones shown
+          headVersion = await get(`${base}/versions/${enc(headId)}`, {signal: ctx.signal});
+        }
+        if (ctx.signal.aborted) return;
         versions = page.items;
         renderHead();
-        renderVersions(page.truncated);
+        renderVersions(page);
         await Promise.all(isObserver ? [renderMoves()] : [renderDraft(), renderTurns(), renderMoves()]);
       } catch (err) {
         if (err && err.name === "AbortError") return;
@@ -233,6 +258,7 @@ export async function projectPage(main, ctx, projectId) {
   }
 
   await refresh();
+  if (ctx.signal.aborted) return; // left while loading: no stream for a page that is gone
 
   let timer = null;
   const stream = follow(`${base}/events`, {

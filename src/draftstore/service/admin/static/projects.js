@@ -12,10 +12,16 @@ export async function projectsPage(main, ctx) {
   const more = h("button.secondary", {id: "projects-more", hidden: true}, "More");
   let cursor = null;
 
+  let loading = false;
   async function load() {
+    if (loading) return; // "More" clicked again before its page came: the same cursor, once
+    loading = true;
+    more.disabled = true;
     const url = `/v1/projects?limit=100${cursor ? `&cursor=${enc(cursor)}` : ""}`;
     const [page, err] = await attempt(get(url, {signal: ctx.signal}), status, "Projects");
-    if (err) return;
+    loading = false;
+    more.disabled = false;
+    if (err || ctx.signal.aborted) return;
     for (const p of page.items) {
       tbody.append(h("tr", {dataset: {project: p.id}},
         h("td", h("a", {href: `#/p/${enc(p.id)}`, class: "project-link"}, p.name)),

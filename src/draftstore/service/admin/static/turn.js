@@ -4,7 +4,7 @@
 // the page of tool calls it touched, so a long turn stays cheap to watch.
 import {badge, duration, h, jsonText, messageText, preview, replace, short, when} from "./dom.js";
 import {enc, follow, get, post} from "./api.js";
-import {busy, confirmAction, errorBox} from "./ui.js";
+import {actorOf, busy, confirmAction, errorBox} from "./ui.js";
 
 const PAGE = 200;
 const STREAM_LABEL = {
@@ -14,10 +14,12 @@ const STREAM_LABEL = {
 export async function turnPage(main, ctx, turnId) {
   const base = `/v1/turns/${enc(turnId)}`;
   let turn = await get(`${base}?tool_calls_limit=1`, {signal: ctx.signal});
+  if (ctx.signal.aborted) return;
   const project = await get(`/v1/projects/${enc(turn.project_id)}`, {signal: ctx.signal}).catch((err) => {
     if (err && err.name === "AbortError") throw err;
     return null; // only the crumb's name is missing
   });
+  if (ctx.signal.aborted) return;
   document.title = `Turn #${turn.number} — draftstore admin`;
 
   const streamState = h("span.stream", {id: "stream-state", dataset: {state: "connecting"}}, "connecting…");
@@ -26,11 +28,12 @@ export async function turnPage(main, ctx, turnId) {
   const userItem = h("li.item.user", {id: "user-message"});
   const calls = h("ol.calls", {id: "tool-calls"});
   const live = h("li.item.assistant.live", {id: "live-text", hidden: true});
+  const liveText = document.createTextNode(""); // streamed text: each delta is appended, never rebuilt
+  live.append(h("div.who", "assistant (streaming)"), h("pre.message", liveText));
   const outcome = h("li.item", {id: "outcome", hidden: true});
   const actionStatus = h("div", {id: "action-status"});
   const rows = new Map(); // seq -> <li>
   const cursors = [null]; // cursors[i] reads page i of the tool calls
-  let liveText = "";
 
   replace(main,
     h("div.crumbs", h("a", {href: "#/"}, "Projects"), " / ",
@@ -140,10 +143,11 @@ export async function turnPage(main, ctx, turnId) {
       okLabel: approved ? "Approve" : "Deny", danger: !approved,
       fields: [{name: "reason", label: "Reason (optional)"}],
     });
-    if (!values) return;
+    if (!values || ctx.signal.aborted) return;
     await busy(ev.target, async () => {
       try {
-        await post(`${base}/tool-calls/${call.seq}/approval`, {approved, reason: values.reason || null});
+        await post(`${base}/tool-calls/${call.seq}/approval`,
+          {approved, reason: values.reason || null, actor: actorOf(ctx.who)});
         replace(actionStatus);
       } catch (err) {
         replace(actionStatus, errorBox(err, "Approval failed"));
@@ -187,6 +191,7 @@ export async function turnPage(main, ctx, turnId) {
 
   renderHeader();
   await loadCalls(0);
+  if (ctx.signal.aborted) return; // left while loading: no stream for a page that is gone
 
   const stream = follow(`${base}/events`, {
     onState: (state, err) => {
@@ -197,11 +202,10 @@ export async function turnPage(main, ctx, turnId) {
     },
     onEvent: ({type, data}) => {
       if (type === "assistant.delta" && data && typeof data.text === "string") {
-        liveText += data.text;
+        liveText.appendData(data.text);
         live.hidden = turn.status !== "running"; // an ended turn shows its final message instead
-        replace(live, h("div.who", "assistant (streaming)"), h("pre.message", liveText));
       } else if (type === "stream.rebuilt") {
-        liveText = "";
+        liveText.data = "";
         live.hidden = true;
         schedule(null, true);
       } else if (type.startsWith("turn.")) {

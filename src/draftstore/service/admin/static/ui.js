@@ -27,11 +27,14 @@ export async function attempt(promise, slot, what) {
   }
 }
 
+let pending = null; // the open confirmation: {resolve, onClose}
+
 /**
  * Ask before acting: resolves to the values of the dialog's inputs (an object)
- * when confirmed, or null when cancelled.
+ * when confirmed, or null when cancelled (or when the page is left: see closeDialog).
  */
 export function confirmAction({title, text, okLabel = "OK", danger = false, fields = []}) {
+  closeDialog(); // one question at a time: an older one is cancelled
   const dialog = document.getElementById("confirm");
   const extra = document.getElementById("confirm-extra");
   document.getElementById("confirm-title").textContent = title;
@@ -53,15 +56,37 @@ export function confirmAction({title, text, okLabel = "OK", danger = false, fiel
   }
   dialog.returnValue = "";
   return new Promise((resolve) => {
-    dialog.addEventListener("close", () => {
+    const mine = {resolve, onClose: null};
+    mine.onClose = () => {
+      if (pending !== mine) return;
+      pending = null;
       if (dialog.returnValue !== "ok") return resolve(null);
       const values = {};
       for (const [name, input] of Object.entries(inputs)) values[name] = input.type === "checkbox" ? input.checked : input.value;
       resolve(values);
-    }, {once: true});
+    };
+    pending = mine;
+    dialog.addEventListener("close", mine.onClose, {once: true});
     dialog.showModal();
     (fields.length ? inputs[fields[0].name] : ok).focus();
   });
+}
+
+/** Cancel the open confirmation, if any: its question belonged to a page that is being left. */
+export function closeDialog() {
+  const dialog = document.getElementById("confirm");
+  if (pending) {
+    const {resolve, onClose} = pending;
+    pending = null;
+    dialog.removeEventListener("close", onClose);
+    resolve(null);
+  }
+  if (dialog.open) dialog.close("cancel");
+}
+
+/** The ``actor`` the page records on what it does: ``admin-web:<token id>``, or ``admin-web`` in open mode. */
+export function actorOf(who) {
+  return who && who.token_id ? `admin-web:${who.token_id}` : "admin-web";
 }
 
 /** A small "busy" wrapper for buttons: disabled while ``fn`` runs. */
