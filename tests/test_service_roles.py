@@ -410,6 +410,20 @@ def test_whoami_in_open_mode_is_an_admin_of_every_project_without_a_token(servic
     r = svc.client(token=None).get("/v1/whoami")
     assert r.status_code == 200, r.text
     assert r.json() == {"role": "admin", "project_id": None, "token_id": None, "open_mode": True}
+    # a page on another site reaching the loopback service (DNS rebinding) is refused,
+    # on every route, reads and writes alike; nothing is created
+    port = svc.url.rsplit(":", 1)[1]
+    client = svc.client(token=None)
+    for headers in ({"host": f"rebound.example:{port}"}, {"origin": "http://rebound.example"},
+                    {"origin": "null"}, {"host": f"localhost:{port}", "origin": f"http://rebound.example:{port}"}):
+        for r in (client.get("/v1/projects", headers=headers),
+                  client.post("/v1/projects", json={"name": "rebound"}, headers=headers)):
+            assert (r.status_code, r.json()["code"]) == (403, "auth.forbidden"), (headers, r.text)
+            assert "loopback" in r.json()["message"]
+    assert [p.name for p in svc.store.list_projects()] == []
+    for headers in ({}, {"host": f"localhost:{port}"}, {"host": f"[::1]:{port}"},
+                    {"origin": f"http://127.0.0.1:{port}"}):
+        assert client.get("/v1/projects", headers=headers).status_code == 200, headers
 
 
 def test_whoami_names_the_role_the_scope_and_the_token(service: Service) -> None:

@@ -25,13 +25,11 @@ so any worker of ``draftstore serve --workers N`` answers any request.
 
 from __future__ import annotations
 
-import ipaddress
 import threading
 from collections import OrderedDict
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
-from urllib.parse import urlsplit
 
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
@@ -57,43 +55,6 @@ def _agent_of(context: Any) -> AgentTools:
     if agent is None:  # only the mount below routes requests to this server
         raise E.InvalidInput("this MCP request did not come through /mcp/projects/{project_id}")
     return agent
-
-
-def _loopback_host(host: str) -> bool:
-    """``host`` (a Host header, or the host[:port] of an Origin) names this machine's loopback."""
-    host = host.strip().lower()
-    if host.startswith("["):  # [v6]:port
-        name, _, rest = host[1:].partition("]")
-        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
-            return False
-    else:
-        name, sep, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
-        if sep and not port.isdigit():
-            return False
-    if name == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(name).is_loopback
-    except ValueError:
-        return False
-
-
-def _check_open_mode(scope: Scope) -> None:
-    """In open mode, refuse a request a non-loopback page could have sent (DNS rebinding)."""
-    host = origin = None
-    for key, value in scope.get("headers", ()):
-        if key == b"host":
-            host = value.decode("latin-1")
-        elif key == b"origin":
-            origin = value.decode("latin-1")
-    if host is None or not _loopback_host(host):
-        raise E.Forbidden("open mode (no token exists) serves loopback origins only: this request's Host "
-                          "is not a loopback name", host=(host or "")[:200])
-    if origin is not None:
-        parts = urlsplit(origin)
-        if parts.scheme not in ("http", "https") or not _loopback_host(parts.netloc):
-            raise E.Forbidden("open mode (no token exists) serves loopback origins only: this request's "
-                              "Origin is not loopback", origin=origin[:200])
 
 
 class _KnownProjects:
@@ -134,7 +95,7 @@ class McpHttpApp:
         # a session manager runs once: a fresh one each time the app starts
         self.server.streamable_http_app(
             json_response=True, stateless_http=True, max_request_body_size=MAX_BODY_BYTES,
-            # the tokens guard this endpoint (open mode: _check_open_mode); the SDK's Host check
+            # the tokens guard this endpoint (open mode: auth.check_open_mode_origin); the SDK's Host check
             # would refuse every non-loopback name
             transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
         manager = self.server.session_manager
@@ -178,9 +139,9 @@ class McpHttpApp:
         turn_id = parts[3] if len(parts) == 4 else None
         app = scope["app"]  # the service; its lifespan set the store and the authenticator
         store, auth = app.state.store, app.state.auth
+        # open mode: the authenticator refuses a non-loopback Host or Origin (DNS rebinding),
+        # which is why the SDK's own host check is off (see lifespan)
         principal = await auth.principal_async(Request(scope))
-        if principal.token_id is None:  # open mode: the SDK's DNS-rebinding check is off (see lifespan)
-            _check_open_mode(scope)
         if principal.role not in (Role.ADMIN, Role.AGENT):
             raise E.Forbidden(f"an {principal.role} token may not use the agent tools", role=principal.role)
         if not principal.may_see(project_id):

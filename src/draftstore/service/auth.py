@@ -7,7 +7,9 @@ did not exist, so ids never leak across projects.
 Open mode: while no token exists at all, the service answers loopback
 clients only, every one as an admin (``draftstore serve`` refuses to bind any
 other address in that state). Creating the first token ends open mode within
-``AUTH_CACHE_S``.
+``AUTH_CACHE_S``. In open mode a request must also name a loopback ``Host``
+and carry no ``Origin`` other than a loopback one (``auth.forbidden``): a web
+page the user visits could otherwise reach the service through DNS rebinding.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Annotated
+from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
 from starlette.concurrency import run_in_threadpool
@@ -27,7 +30,8 @@ from .. import errors as E
 from ..records import Role
 from ..store import Store
 
-__all__ = ["Principal", "Allow", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope"]
+__all__ = ["Principal", "Allow", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope",
+           "check_open_mode_origin"]
 
 AUTH_CACHE_S = 5.0  # an authenticated (or revoked) token is re-checked after this long
 
@@ -84,6 +88,7 @@ class Authenticator:
         if header is None:
             if not self.tokens_exist():
                 if _loopback(request):
+                    check_open_mode_origin(request.headers.get("host"), request.headers.get("origin"))
                     return Principal(Role.ADMIN, None, None)
                 raise E.AuthRequired("no token configured: the service answers loopback clients only")
             raise E.AuthRequired("this route needs a bearer token (Authorization: Bearer dst_...)")
@@ -117,6 +122,37 @@ def _loopback(request: Request) -> bool:
         return ipaddress.ip_address(host).is_loopback
     except ValueError:
         return host in ("localhost", "testclient")
+
+
+def _loopback_host(host: str) -> bool:
+    """``host`` (a Host header, or the host[:port] of an Origin) names this machine's loopback."""
+    host = host.strip().lower()
+    if host.startswith("["):  # [v6]:port
+        name, _, rest = host[1:].partition("]")
+        if rest and not (rest.startswith(":") and rest[1:].isdigit()):
+            return False
+    else:
+        name, sep, port = host.rpartition(":") if host.count(":") == 1 else (host, "", "")
+        if sep and not port.isdigit():
+            return False
+    if name == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        return False
+
+
+def check_open_mode_origin(host: str | None, origin: str | None) -> None:
+    """In open mode, refuse a request a non-loopback page could have sent (DNS rebinding)."""
+    if host is None or not _loopback_host(host):
+        raise E.Forbidden("open mode (no token exists) serves loopback origins only: this request's Host "
+                          "is not a loopback name", host=(host or "")[:200])
+    if origin is not None:
+        parts = urlsplit(origin)
+        if parts.scheme not in ("http", "https") or not _loopback_host(parts.netloc):
+            raise E.Forbidden("open mode (no token exists) serves loopback origins only: this request's "
+                              "Origin is not loopback", origin=origin[:200])
 
 
 ADMIN = (Role.ADMIN,)
