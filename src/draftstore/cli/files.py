@@ -20,11 +20,10 @@ from typing import Any
 
 import click
 import pathspec
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from .. import errors as E
-from .output import clip, echo, emit_json, table, warn
+from .output import echo, emit_json, progress_bar, table, warn
 from .root import Ids, json_option, main, open_store, view_of
 
 STATE_FILE = ".draftstore-state.json"
@@ -32,14 +31,8 @@ IGNORE_FILE = ".draftstoreignore"
 ALWAYS_SKIPPED = (".git", "__pycache__", ".draftstore")
 
 
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=False,
-                    disable=not sys.stderr.isatty())
-
-
 def _bar(description: str) -> tuple[Progress, Callable[[int, int], None]]:
-    progress = _progress()
+    progress = progress_bar()
     task = progress.add_task(description, total=None)
 
     def update(done: int, total: int) -> None:
@@ -134,7 +127,7 @@ def import_dir(directory: Path, name: str | None) -> None:
     __pycache__ and .draftstore; symlinks are skipped and reported. A
     .draftstore-state.json written by `export` sets characters and world settings.
     """
-    with _progress() as progress:
+    with progress_bar() as progress:
         task = progress.add_task("reading files", total=None)
         found = collect(directory, lambda: progress.advance(task))
     if found.links:
@@ -151,18 +144,21 @@ def import_dir(directory: Path, name: str | None) -> None:
          f"{', characters and world settings from ' + STATE_FILE if found.state else ''})")
 
 
-# --------------------------------------------------------------------------- export
-@main.command("export")
-@click.argument("project")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--version", "version", help="a version id (default: the draft, else head)")
-@click.option("--head", is_flag=True, help="the head version, not the draft")
-@click.option("--replace", is_flag=True, help="clear DIRECTORY first if it is not empty")
-def export_dir(project: str, directory: Path, version: str | None, head: bool, replace: bool) -> None:
-    """Write a project state's files, characters and world settings into DIRECTORY.
+# ---------------------------------------------------------------- export, materialize
+def _state_into(command: Callable[..., None]) -> Callable[..., None]:
+    """PROJECT DIRECTORY [--version V | --head] [--replace], as export and materialize take them."""
+    for option in reversed((
+            click.argument("project"),
+            click.argument("directory", type=click.Path(path_type=Path)),
+            click.option("--version", "version", help="a version id (default: the draft, else head)"),
+            click.option("--head", is_flag=True, help="the head version, not the draft"),
+            click.option("--replace", is_flag=True, help="clear DIRECTORY first if it is not empty"))):
+        command = option(command)
+    return command
 
-    `import DIRECTORY` reads it back as the same state.
-    """
+
+def _materialize(project: str, directory: Path, version: str | None, head: bool, replace: bool) -> tuple[Any, Any]:
+    """Write the chosen state's files into ``directory``: (the project, what ``materialize`` did)."""
     with open_store() as store:
         ids = Ids(store)
         project_id = ids.project(project)
@@ -171,7 +167,18 @@ def export_dir(project: str, directory: Path, version: str | None, head: bool, r
         with progress:
             done = store.materialize(project_id, directory, ids.state(project_id, version, head),
                                      replace=replace, progress=update)
-    state = {"draftstore_export": 1, "project_id": project_id, "project_name": p.name,
+    return p, done
+
+
+@main.command("export")
+@_state_into
+def export_dir(project: str, directory: Path, version: str | None, head: bool, replace: bool) -> None:
+    """Write a project state's files, characters and world settings into DIRECTORY.
+
+    `import DIRECTORY` reads it back as the same state.
+    """
+    p, done = _materialize(project, directory, version, head, replace)
+    state = {"draftstore_export": 1, "project_id": p.id, "project_name": p.name,
              "source": {"kind": done.source_kind, "id": done.source_id},
              "characters": done.characters, "world_settings": done.world_settings}
     (directory / STATE_FILE).write_text(json.dumps(state, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
@@ -281,20 +288,10 @@ def snapshot(project: str | None, version: str | None, draft: bool, pending: boo
 
 
 @main.command("materialize")
-@click.argument("project")
-@click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--version", "version", help="a version id (default: the draft, else head)")
-@click.option("--head", is_flag=True, help="the head version, not the draft")
-@click.option("--replace", is_flag=True, help="clear DIRECTORY first if it is not empty")
+@_state_into
 def materialize(project: str, directory: Path, version: str | None, head: bool, replace: bool) -> None:
     """Write a project state's exact files into DIRECTORY (from a snapshot when one matches)."""
-    with open_store() as store:
-        ids = Ids(store)
-        project_id = ids.project(project)
-        progress, update = _bar("writing files")
-        with progress:
-            done = store.materialize(project_id, directory, ids.state(project_id, version, head),
-                                     replace=replace, progress=update)
+    _, done = _materialize(project, directory, version, head, replace)
     how = f"from snapshot {done.snapshot_id}" if done.path == "snapshot" else "rebuilt from blobs"
     echo(f"{done.files} files, {done.bytes:,} bytes of {done.source_kind} {done.source_id} written to "
          f"{directory} ({how})")

@@ -11,18 +11,15 @@ from collections.abc import Callable
 from typing import Any
 
 import click
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import Progress
 
 from .failures import EXIT
-from .output import echo, emit_json
+from .output import echo, emit_json, progress_bar
 from .root import Ids, json_option, main, open_store
 
 
 def _phases() -> tuple[Progress, Callable[[str, int, int | None], None]]:
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=Console(stderr=True), transient=False,
-                    disable=not sys.stderr.isatty())
+    progress = progress_bar()
     tasks: dict[str, Any] = {}
 
     def update(phase: str, done: int, total: int | None) -> None:

@@ -13,12 +13,22 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import sys
+
 import click
 import orjson
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-__all__ = ["echo", "warn", "table", "emit_json", "clip", "message_text", "when", "took"]
+__all__ = ["echo", "warn", "table", "emit_json", "clip", "message_text", "when", "took", "progress_bar"]
 
 _SPACE = re.compile(r"\s+")
+
+
+def progress_bar() -> Progress:
+    """Progress on stderr, shown only on a terminal (scripts' stderr stays clean)."""
+    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=False, disable=not sys.stderr.isatty())
 
 
 def echo(text: str = "") -> None:

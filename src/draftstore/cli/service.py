@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import ipaddress
 from pathlib import Path
 
 import click
@@ -14,13 +13,6 @@ from .output import clip, echo, emit_json, table, warn, when
 from .root import Ids, actor, json_option, main, open_store
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return host == "localhost"
-
-
 @main.command("serve")
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8765, show_default=True, type=int)
@@ -29,10 +21,12 @@ def serve(host: str, port: int, workers: int) -> None:
     """Run the HTTP service (REST + SSE, MCP at /mcp, admin page at /admin; OpenAPI at /docs)."""
     import uvicorn
 
+    from ..service.auth import loopback_host
+
     with open_store() as store:  # migrates an embedded database; checks a PostgreSQL one
         tokens = store.tokens.any_active()
     if not tokens:
-        if not _loopback(host):
+        if not loopback_host(host):
             fail("auth.required", f"no token exists: refusing to serve {host} open", EXIT["input"],
                  hint="create one first: draftstore token create --role admin")
         warn("warning: no token exists: serving loopback clients only, each as an admin "

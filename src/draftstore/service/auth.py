@@ -31,7 +31,7 @@ from ..records import Role
 from ..store import Store
 
 __all__ = ["Principal", "Allow", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope",
-           "check_open_mode_origin"]
+           "check_open_mode_origin", "loopback_host"]
 
 AUTH_CACHE_S = 5.0  # an authenticated (or revoked) token is re-checked after this long
 
@@ -124,8 +124,8 @@ def _loopback(request: Request) -> bool:
         return host in ("localhost", "testclient")
 
 
-def _loopback_host(host: str) -> bool:
-    """``host`` (a Host header, or the host[:port] of an Origin) names this machine's loopback."""
+def loopback_host(host: str) -> bool:
+    """``host`` (a bind address, a Host header, or the host[:port] of an Origin) names this machine's loopback."""
     host = host.strip().lower()
     if host.startswith("["):  # [v6]:port
         name, _, rest = host[1:].partition("]")
@@ -145,12 +145,12 @@ def _loopback_host(host: str) -> bool:
 
 def check_open_mode_origin(host: str | None, origin: str | None) -> None:
     """In open mode, refuse a request a non-loopback page could have sent (DNS rebinding)."""
-    if host is None or not _loopback_host(host):
+    if host is None or not loopback_host(host):
         raise E.Forbidden("open mode (no token exists) serves loopback origins only: this request's Host "
                           "is not a loopback name", host=(host or "")[:200])
     if origin is not None:
         parts = urlsplit(origin)
-        if parts.scheme not in ("http", "https") or not _loopback_host(parts.netloc):
+        if parts.scheme not in ("http", "https") or not loopback_host(parts.netloc):
             raise E.Forbidden("open mode (no token exists) serves loopback origins only: this request's "
                               "Origin is not loopback", origin=origin[:200])
 

@@ -64,20 +64,6 @@ export async function api(method, path, body, {signal} = {}) {
 export const get = (path, opts) => api("GET", path, undefined, opts);
 export const post = (path, body, opts) => api("POST", path, body === undefined ? {} : body, opts);
 
-/** Every item of a paged list (up to ``max``); ``truncated`` if more exist. */
-export async function allPages(path, {max = 2000, limit = 200, signal} = {}) {
-  const items = [];
-  let cursor = null;
-  const sep = path.includes("?") ? "&" : "?";
-  do {
-    const url = `${path}${sep}limit=${limit}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : "");
-    const page = await get(url, {signal});
-    items.push(...page.items);
-    cursor = page.next_cursor;
-  } while (cursor && items.length < max);
-  return {items, truncated: Boolean(cursor)};
-}
-
 /**
  * The newest ``keep`` items of a list the API pages oldest first (it has no
  * "newest first" order): every page is read, only the last ``keep`` items are
