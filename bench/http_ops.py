@@ -12,10 +12,16 @@ writes), then ``complete_turn``. Every request is timed on its own.
 
 - **library baseline**: the same round through the bench's measuring ``Store``
   in-process, sequentially (no concurrency).
-- **sequential HTTP**: one agent (one ``httpx.Client``) against the 1-worker
-  service, rounds interleaved with the library rounds (drift hits both alike);
-  overhead = HTTP p50 - library p50 per operation. Goal: <= 1 ms.
-- **load**: ``agents`` concurrent agents (a thread and an ``httpx.Client``
+- **sequential HTTP**: one agent against the 1-worker service, rounds
+  interleaved with the library rounds (drift hits both alike), twice: with
+  a lean client (the standard library's ``http.client`` on one kept-alive
+  connection, ~0.1 ms of client CPU per request, about what a client in Go,
+  Java or Node costs) and with ``httpx`` (a pure-Python client that costs
+  ~0.35-0.55 ms of CPU per request on its own). Overhead = HTTP p50 - library
+  p50 per operation. Goal: <= 1 ms with the lean client, since the client is
+  the caller's choice and the goal is the service's; httpx's figure is shown
+  beside it.
+- **load**: ``agents`` concurrent agents (a thread and a lean client
   each, all started together, each on its own project), ``rounds`` rounds
   each, against the 1-worker and the 4-worker service. Goal: p99 <= 5x p50
   per operation.
@@ -23,12 +29,13 @@ writes), then ``complete_turn``. Every request is timed on its own.
 Rows (``NAME ratio=R ours_ms=X baseline_ms=Y``):
 
 - ``http_<op>``: sequential HTTP p50 / library p50 (information, no goal)
-- ``http_<op>_overhead``: (HTTP p50 - library p50) / 1 ms (goal <= 1)
+- ``http_<op>_overhead``: (HTTP p50 - library p50) / 1 ms, lean client (goal <= 1)
+- ``http_<op>_overhead_httpx``: the same with httpx (information)
 - ``http_<op>_load_w1`` / ``_load_w4``: HTTP p50 under load / library p50 (information)
 - ``http_<op>_load_w1_p99`` / ``_load_w4_p99``: p99 / p50 under load (goal <= 5)
 
 Only when named (``--only http_ops``, or row names): not part of the default run.
-Sizes: 50 agents; quick 1 load round and 8 sequential rounds, full 3 and 20.
+Sizes: 50 agents; quick 1 load round and 8 sequential rounds, full 3 and 40.
 
 ``DRAFTSTORE_BENCH_HTTP_PROFILE=1`` (or ``=DIR`` to keep py-spy's collapsed
 stacks there) adds untimed passes after the measured sequential one: a turn
@@ -40,6 +47,8 @@ stage of request handling and the heaviest frames go to stderr.
 
 from __future__ import annotations
 
+import http.client
+import json
 import math
 import os
 import secrets
@@ -55,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -83,13 +93,13 @@ class HttpSizes:
 
 
 HTTP_QUICK = HttpSizes(agents=50, load_rounds=1, seq_rounds=8, profile_pairs=300)
-HTTP_FULL = HttpSizes(agents=50, load_rounds=3, seq_rounds=20, profile_pairs=1000)
+HTTP_FULL = HttpSizes(agents=50, load_rounds=3, seq_rounds=40, profile_pairs=1000)
 
 
 def names() -> tuple[str, ...]:
     out: list[str] = []
     for op in OPS:
-        out += [f"http_{op}", f"http_{op}_overhead"]
+        out += [f"http_{op}", f"http_{op}_overhead", f"http_{op}_overhead_httpx"]
         for w in WORKERS:
             out += [f"http_{op}_load_w{w}", f"http_{op}_load_w{w}_p99"]
     return tuple(out)
@@ -123,7 +133,7 @@ class Samples:
     times: dict[str, list[float]] = field(default_factory=lambda: defaultdict(list))
     errors: Counter[str] = field(default_factory=Counter)
     wall: float = 0.0
-    client_cpu: float = 0.0  # the bench process (the agents' httpx clients), during ``wall``
+    client_cpu: float = 0.0  # the bench process (the agents' clients), during ``wall``
     server_cpu: float = 0.0  # the service (all its worker processes), during ``wall``
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -210,38 +220,107 @@ class LibraryOps(_Ops):
 
 
 class HttpOps(_Ops):
-    """What an agent does over HTTP: one keep-alive ``httpx.Client``, JSON bodies, raw PUTs."""
+    """What an agent does over HTTP, whatever the client: JSON bodies, raw PUTs.
+
+    ``_call(method, path, status, body, content_type)`` is the client's part:
+    send one request on a kept-alive connection, check the status, return the body.
+    """
+
+    client = "?"
 
     def __init__(self, base_url: str, token: str) -> None:
-        self.c = httpx.Client(base_url=base_url, headers={"authorization": f"Bearer {token}"}, timeout=60)
+        self.base_url, self.auth = base_url, f"Bearer {token}"
 
-    def _ok(self, r: httpx.Response, status: int) -> httpx.Response:
-        if r.status_code != status:
-            raise _Failed(f"{r.status_code} {r.content[:120]!r}")
-        return r
+    def _call(self, method: str, path: str, status: int, body: bytes = b"",
+              content_type: str = "application/json") -> bytes:
+        raise NotImplementedError
 
-    def _call(self, method: str, url: str, status: int, **kw: Any) -> httpx.Response:
-        try:
-            return self._ok(self.c.request(method, url, **kw), status)
-        except httpx.HTTPError as exc:
-            raise _Failed(f"{type(exc).__name__}: {exc}") from None
+    def _json(self, method: str, path: str, status: int, doc: Any) -> bytes:
+        return self._call(method, path, status, json.dumps(doc).encode())
+
+    def healthz(self) -> None:
+        self._call("GET", "/healthz", 200)
 
     def start_turn(self, project_id: str, message: str) -> str:
-        return self._call("POST", f"/v1/projects/{project_id}/turns", 201, json={"user_message": message}).json()["id"]
+        return json.loads(self._json("POST", f"/v1/projects/{project_id}/turns", 201, {"user_message": message}))["id"]
 
     def tool_started(self, turn: str, name: str, args: Any) -> int:
-        r = self._call("POST", f"/v1/turns/{turn}/tool-calls", 201, json={"tool_name": name, "args": args})
-        return r.json()["seq"]
+        r = self._json("POST", f"/v1/turns/{turn}/tool-calls", 201, {"tool_name": name, "args": args})
+        return json.loads(r)["seq"]
 
     def tool_completed(self, turn: str, seq: int, result: Any) -> None:
-        self._call("POST", f"/v1/turns/{turn}/tool-calls/{seq}/complete", 204, json={"result": result})
+        self._json("POST", f"/v1/turns/{turn}/tool-calls/{seq}/complete", 204, {"result": result})
 
     def write_file(self, turn: str, path: str, data: bytes) -> None:
-        self._call("PUT", f"/v1/turns/{turn}/files/{path}", 204, content=data,
-                   headers={"content-type": "application/octet-stream"})
+        self._call("PUT", f"/v1/turns/{turn}/files/{path}", 204, data, "application/octet-stream")
 
     def complete_turn(self, turn: str, message: Any) -> None:
-        self._call("POST", f"/v1/turns/{turn}/complete", 200, json={"assistant_message": message})
+        self._json("POST", f"/v1/turns/{turn}/complete", 200, {"assistant_message": message})
+
+    def close(self) -> None:
+        pass
+
+
+class StdlibOps(HttpOps):
+    """A lean client: the standard library's ``http.client`` on one kept-alive connection
+    (what a service in Go, Java or Node pays per request is closer to this than to httpx)."""
+
+    client = "http.client"
+
+    def __init__(self, base_url: str, token: str) -> None:
+        super().__init__(base_url, token)
+        u = urlsplit(base_url)
+        self.host, self.port = u.hostname or "127.0.0.1", u.port or 80
+        self.conn: http.client.HTTPConnection | None = None
+
+    def _call(self, method: str, path: str, status: int, body: bytes = b"",
+              content_type: str = "application/json") -> bytes:
+        headers = {"authorization": self.auth}
+        if method in ("POST", "PUT", "PATCH"):
+            headers["content-type"] = content_type
+        for attempt in (0, 1):  # a kept-alive connection the server closed is reopened once
+            if self.conn is None:
+                self.conn = http.client.HTTPConnection(self.host, self.port, timeout=60)
+            try:
+                self.conn.request(method, path, body=body if method in ("POST", "PUT", "PATCH") else None,
+                                  headers=headers)
+                r = self.conn.getresponse()
+                data = r.read()
+            except (OSError, http.client.HTTPException) as exc:
+                self.close()
+                if attempt:
+                    raise _Failed(f"{type(exc).__name__}: {exc}") from None
+                continue
+            if r.status != status:
+                raise _Failed(f"{r.status} {data[:120]!r}")
+            return data
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        if self.conn is not None:
+            self.conn.close()
+            self.conn = None
+
+
+class HttpxOps(HttpOps):
+    """The same over one keep-alive ``httpx.Client`` (a heavier pure-Python client)."""
+
+    client = "httpx"
+
+    def __init__(self, base_url: str, token: str) -> None:
+        super().__init__(base_url, token)
+        self.c = httpx.Client(base_url=base_url, headers={"authorization": self.auth}, timeout=60)
+
+    def _call(self, method: str, path: str, status: int, body: bytes = b"",
+              content_type: str = "application/json") -> bytes:
+        try:
+            r = self.c.request(method, path, content=body if body else None,
+                               headers={"content-type": content_type} if body else None)
+        except httpx.HTTPError as exc:
+            raise _Failed(f"{type(exc).__name__}: {exc}") from None
+        if r.status_code != status:
+            raise _Failed(f"{r.status_code} {r.content[:120]!r}")
+        return r.content
 
     def close(self) -> None:
         self.c.close()
@@ -326,33 +405,39 @@ def _projects(store: Any, n: int, tag: str) -> list[str]:
     return [store.create_project(f"bench-http-{tag}-{i}", files=files).id for i in range(n)]
 
 
-def sequential(store: Any, service: Service, token: str, lib_project: str, http_project: str,
-               rounds: int) -> tuple[Samples, Samples]:
-    """Library rounds and single-agent HTTP rounds, interleaved round by round."""
-    lib, http = LibraryOps(store), HttpOps(service.url, token)
-    lib_round, http_round = _Round(lib_project, 0), _Round(http_project, 0)
-    lib_s, http_s = Samples(), Samples()
+def sequential(store: Any, service: Service, token: str, lib_project: str, http_projects: tuple[str, str],
+               rounds: int) -> tuple[Samples, Samples, Samples]:
+    """Library rounds and single-agent HTTP rounds (the lean client, then httpx), interleaved round by
+    round, each on its own project (alike: created together, the same rounds)."""
+    lib, lean, heavy = LibraryOps(store), StdlibOps(service.url, token), HttpxOps(service.url, token)
+    lib_round, lean_round, heavy_round = (_Round(lib_project, 0), _Round(http_projects[0], 0),
+                                          _Round(http_projects[1], 0))
+    lib_s, lean_s, heavy_s = Samples(), Samples(), Samples()
     try:
         warm = Samples()
         for _ in range(2):  # warm-ups: pools, connections, statement caches
             lib_round.run(lib, warm)
-            http_round.run(http, warm)
+            lean_round.run(lean, warm)
+            heavy_round.run(heavy, warm)
         for _ in range(rounds):
             lib_round.run(lib, lib_s)
-            http_round.run(http, http_s)
-            for _ in range(10):  # the floor: a route that touches neither auth nor the store
-                t0 = time.perf_counter()
-                http.c.get("/healthz")
-                http_s.add("healthz", time.perf_counter() - t0)
+            lean_round.run(lean, lean_s)
+            heavy_round.run(heavy, heavy_s)
+            for ops, out in ((lean, lean_s), (heavy, heavy_s)):
+                for _ in range(10):  # the floor: a route that touches neither auth nor the store
+                    t0 = time.perf_counter()
+                    ops.healthz()
+                    out.add("healthz", time.perf_counter() - t0)
     finally:
-        http.close()
-    return lib_s, http_s
+        lean.close()
+        heavy.close()
+    return lib_s, lean_s, heavy_s
 
 
 def load(service: Service, token: str, projects: list[str], rounds: int) -> Samples:
     """``len(projects)`` agents at once, a thread and a client each, ``rounds`` rounds each."""
     out = Samples()
-    agents = [(HttpOps(service.url, token), _Round(pid, i)) for i, pid in enumerate(projects)]
+    agents = [(StdlibOps(service.url, token), _Round(pid, i)) for i, pid in enumerate(projects)]
     warm = Samples()
     start = threading.Barrier(len(agents) + 1)
 
@@ -393,7 +478,7 @@ def profile(store: Any, service: Service, token: str, lib_project: str, http_pro
     """Where a small request's time goes: ``pairs`` tool-call pairs (the commonest request) in one turn,
     through the library, over HTTP, and over HTTP under py-spy; CPU per request and top frames to stderr."""
     assert service.proc is not None
-    lib, http = LibraryOps(store), HttpOps(service.url, token)
+    lib, client = LibraryOps(store), StdlibOps(service.url, token)
 
     def pass_(ops: _Ops, project: str) -> tuple[float, float, float, int]:
         """(wall s, bench-process CPU s, service CPU s, requests) of ``pairs`` pairs."""
@@ -409,16 +494,16 @@ def profile(store: Any, service: Service, token: str, lib_project: str, http_pro
     try:
         wall, cpu, _, n = pass_(lib, lib_project)
         progress(f"  profile, library: {n} calls, {1e3 * wall / n:.3f} ms wall and {1e3 * cpu / n:.3f} ms CPU per call")
-        wall, client, server, n = pass_(http, http_project)
+        wall, client_cpu, server, n = pass_(client, http_project)
         progress(f"  profile, HTTP: {n} requests, {1e3 * wall / n:.3f} ms wall per request; CPU per request: "
-                 f"service {1e3 * server / n:.3f} ms, bench client (httpx) {1e3 * client / n:.3f} ms")
+                 f"service {1e3 * server / n:.3f} ms, bench client ({client.client}) {1e3 * client_cpu / n:.3f} ms")
         raw = out_dir / f"py-spy-w{service.workers}.txt"
         # --gil: only the thread holding the GIL is sampled, i.e. where the service's Python CPU goes
         spy = subprocess.Popen([str(Path(sys.executable).parent / "py-spy"), "record", "--pid",
                                 str(service.proc.pid), "--rate", "1000", "--format", "raw", "--output", str(raw),
                                 "--nonblocking", "--gil"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         time.sleep(1.0)  # attach
-        wall, _, _, n = pass_(http, http_project)
+        wall, _, _, n = pass_(client, http_project)
         spy.send_signal(signal.SIGINT)
         try:
             _, err = spy.communicate(timeout=30)
@@ -426,7 +511,7 @@ def profile(store: Any, service: Service, token: str, lib_project: str, http_pro
             spy.kill()
             _, err = spy.communicate()
     finally:
-        http.close()
+        client.close()
     if not raw.exists():
         progress(f"  py-spy wrote nothing: {err.decode(errors='replace')[-500:]}")
         return
@@ -518,24 +603,30 @@ def _notes(s: Samples) -> list[str]:
     return ["ERRORS " + ", ".join(f"{k} x{v}" for k, v in s.errors.most_common(5))]
 
 
-def seq_rows(lib: Samples, http: Samples) -> list[Result]:
+def seq_rows(lib: Samples, lean: Samples, heavy: Samples) -> list[Result]:
     out: list[Result] = []
     for op in OPS:
-        h, b = http.times.get(op, []), lib.times.get(op, [])
-        if not h or not b:
+        h, b, x = lean.times.get(op, []), lib.times.get(op, []), heavy.times.get(op, [])
+        if not h or not b or not x:
             out += [Info(f"http_{op}", 0.0, skipped="no samples"),
-                    Result(f"http_{op}_overhead", OVERHEAD_GOAL_MS, skipped="no samples")]
+                    Result(f"http_{op}_overhead", OVERHEAD_GOAL_MS, skipped="no samples"),
+                    Info(f"http_{op}_overhead_httpx", 0.0, skipped="no samples")]
             continue
-        over = p50(h) - p50(b)
-        common = (f"sequential, 1 agent, 1 worker: HTTP p50 {p50(h):.3f} ms p99 {p99(h):.3f} ms "
+        over, over_x = p50(h) - p50(b), p50(x) - p50(b)
+        common = (f"sequential, 1 agent, 1 worker, http.client: HTTP p50 {p50(h):.3f} ms p99 {p99(h):.3f} ms "
                   f"(p99/p50 {p99(h) / p50(h):.2f}); library p50 {p50(b):.3f} ms p99 {p99(b):.3f} ms; "
-                  f"overhead {over:+.3f} ms; n={len(h)}/{len(b)}")
-        if op == OPS[0] and http.times.get("healthz"):
-            common += f"; floor: GET /healthz (no auth, no store) p50 {p50(http.times['healthz']):.3f} ms"
+                  f"overhead {over:+.3f} ms; httpx p50 {p50(x):.3f} ms, overhead {over_x:+.3f} ms; n={len(h)}/{len(b)}")
+        if op == OPS[0] and lean.times.get("healthz") and heavy.times.get("healthz"):
+            common += (f"; floor: GET /healthz (no auth, no store) p50 {p50(lean.times['healthz']):.3f} ms "
+                       f"(httpx {p50(heavy.times['healthz']):.3f} ms)")
         out.append(Info(f"http_{op}", 0.0, p50(h), p50(b), ours_what="HTTP p50, 1 agent, 1 worker",
-                        baseline_what="library p50, in-process, sequential", notes=[common] + _notes(http)))
-        out.append(Result(f"http_{op}_overhead", OVERHEAD_GOAL_MS, over, OVERHEAD_GOAL_MS, ours_what="HTTP p50 - library p50 (ms)",
+                        baseline_what="library p50, in-process, sequential", notes=[common] + _notes(lean)))
+        out.append(Result(f"http_{op}_overhead", OVERHEAD_GOAL_MS, over, OVERHEAD_GOAL_MS,
+                          ours_what="HTTP p50 - library p50 (ms), http.client",
                           baseline_what=f"the {OVERHEAD_GOAL_MS:g} ms budget"))
+        out.append(Info(f"http_{op}_overhead_httpx", 0.0, over_x, OVERHEAD_GOAL_MS,
+                        ours_what="HTTP p50 - library p50 (ms), httpx client",
+                        baseline_what=f"the {OVERHEAD_GOAL_MS:g} ms budget", notes=_notes(heavy)))
     return out
 
 
@@ -570,17 +661,18 @@ def group(ctx: Any, wanted: set[str]) -> list[Result]:
     want_w = {w for w in WORKERS if any(n.startswith("http_") and f"_load_w{w}" in n for n in wanted)}
     store, env = ctx.store, ctx.env
     t0 = time.perf_counter()
-    lib_project, http_project = _projects(store, 2, f"seq-{secrets.token_hex(2)}")
+    lib_project, http_project, httpx_project = _projects(store, 3, f"seq-{secrets.token_hex(2)}")
     agents = _projects(store, sizes.agents, f"load-{secrets.token_hex(2)}") if want_w else []
-    progress(f"  {2 + len(agents)} agent projects created in {time.perf_counter() - t0:.1f}s")
+    progress(f"  {3 + len(agents)} agent projects created in {time.perf_counter() - t0:.1f}s")
     token = store.tokens.create("agent", name="bench-http")[1]
     out: list[Result] = []
     with Service(env, 1) as svc:
         t0 = time.perf_counter()
-        lib, http = sequential(store, svc, token, lib_project, http_project, ctx.n(sizes.seq_rounds))
+        lib, lean, heavy = sequential(store, svc, token, lib_project, (http_project, httpx_project),
+                                      ctx.n(sizes.seq_rounds))
         progress(f"  sequential: {ctx.n(sizes.seq_rounds)} rounds each, library and HTTP interleaved, "
                  f"in {time.perf_counter() - t0:.1f}s")
-        out += seq_rows(lib, http)
+        out += seq_rows(lib, lean, heavy)
         where = os.environ.get("DRAFTSTORE_BENCH_HTTP_PROFILE", "")
         if where:  # "1", or a directory to keep the collapsed stacks in (the scratch dir is removed at the end)
             keep = Path(where) if where not in ("1", "yes", "true") else env.scratch_dir("http")

@@ -70,7 +70,8 @@ def create_app(store: Store | None = None) -> FastAPI:
                   description="The state store behind AI agents that edit a project over many turns.")
     errors.install(app)
 
-    for module in (health, projects, turns, states, streams, snapshots, tokens):
+    # turns first: an agent's tool-call and write requests are most of the traffic, and routes match in order
+    for module in (health, turns, projects, states, streams, snapshots, tokens):
         app.include_router(module.router)
     app.include_router(admin.router)  # the admin web page at /admin (not in the OpenAPI document)
     app.mount("/mcp", mcp)  # /mcp/projects/{project_id}[/turns/{turn_id}] (docs/mcp.md)

@@ -6,6 +6,7 @@ import dataclasses
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
+from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
 from ... import errors as E
@@ -26,6 +27,110 @@ def _scoped(request: Request, principal: Principal, store: Any, turn_id: str) ->
     turn_scope(principal, store, turn_id, request.app.state.turn_projects)
 
 
+# Routes match in the order they are declared: the requests an agent sends most (tool calls,
+# writes, heartbeats, deltas) come first.
+# -- tool calls ---------------------------------------------------------------------------
+@router.post("/turns/{turn_id}/tool-calls", status_code=201, response_model=ToolCall, response_class=JSON)
+def tool_started(turn_id: str, body: ToolStart, request: Request, store: StoreDep,
+                 principal: Principal = Allow(*AGENT)) -> JSON:
+    _scoped(request, principal, store, turn_id)
+    call = store.tool_started(turn_id, body.tool_name, body.args, needs_approval=body.needs_approval)
+    return JSON(call, status_code=201)
+
+
+@router.post("/turns/{turn_id}/tool-calls/{seq}/complete", status_code=204)
+def tool_completed(turn_id: str, seq: int, body: ToolComplete, request: Request, store: StoreDep,
+                   principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.tool_completed(turn_id, seq, body.result)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/tool-calls/{seq}/fail", status_code=204)
+def tool_failed(turn_id: str, seq: int, body: ToolFail, request: Request, store: StoreDep,
+                principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.tool_failed(turn_id, seq, body.error)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/tool-calls/{seq}/approval", response_model=ToolCall, response_class=JSON)
+def approval(turn_id: str, seq: int, body: Approval, request: Request, store: StoreDep,
+             principal: Principal = Allow(*AGENT)) -> JSON:
+    """Approve (the call becomes ``started``) or deny (``denied``; not a turn failure)."""
+    _scoped(request, principal, store, turn_id)
+    return JSON(store.decide_tool_call(turn_id, seq, body.approved, body.reason, actor=body.actor))
+
+
+# -- draft writes ---------------------------------------------------------------------------
+@router.put("/turns/{turn_id}/files/{path:path}", status_code=204,
+            openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {
+                "type": "string", "format": "binary"}}}, "required": True}})
+async def write_file(turn_id: str, path: str, request: Request, principal: Principal = Allow(*AGENT)) -> Response:
+    """Write one file; the body is its raw content."""
+    store = request.app.state.store
+    limit = store.limits.max_file_bytes
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
+    data = bytearray()
+    async for chunk in request.stream():
+        data += chunk
+        if len(data) > limit:
+            raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
+    await run_in_threadpool(_write, request, principal, store, turn_id, path, bytes(data))
+    return Response(status_code=204)
+
+
+def _write(request: Request, principal: Principal, store: Any, turn_id: str, path: str, data: bytes) -> None:
+    """The scope check and the write in one thread-pool hop."""
+    _scoped(request, principal, store, turn_id)
+    store.write_file(turn_id, path, data)
+
+
+@router.delete("/turns/{turn_id}/files/{path:path}", status_code=204)
+def delete_file(turn_id: str, path: str, request: Request, store: StoreDep,
+                principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.delete_file(turn_id, path)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/changes", status_code=204)
+def apply_changes(turn_id: str, body: Changes, request: Request, store: StoreDep,
+                  principal: Principal = Allow(*AGENT)) -> Response:
+    """One atomic batch: ``{"changes": {path: base64 | null}}`` (null deletes)."""
+    _scoped(request, principal, store, turn_id)
+    store.apply_changes(turn_id, decode_files(body.changes, "changes"))
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/move", status_code=204)
+def move_file(turn_id: str, body: Move, request: Request, store: StoreDep,
+              principal: Principal = Allow(*AGENT)) -> Response:
+    _scoped(request, principal, store, turn_id)
+    store.move_file(turn_id, body.src, body.dst)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/heartbeat", status_code=204)
+def heartbeat(turn_id: str, request: Request, store: StoreDep, principal: Principal = Allow(*AGENT)) -> Response:
+    """Keep a running turn alive; 409 ``turn.not_running`` once it was ended elsewhere."""
+    _scoped(request, principal, store, turn_id)
+    store.heartbeat(turn_id)
+    return Response(status_code=204)
+
+
+@router.post("/turns/{turn_id}/deltas", status_code=204)
+def delta(turn_id: str, body: Delta, request: Request, store: StoreDep,
+          principal: Principal = Allow(*AGENT)) -> Response:
+    """Assistant text to the turn's stream (``assistant.delta``); not a row per delta."""
+    _scoped(request, principal, store, turn_id)
+    store.append_delta(turn_id, body.text)
+    return Response(status_code=204)
+
+
+# -- turns ----------------------------------------------------------------------------------
 @router.post("/projects/{project_id}/turns", status_code=201, response_model=Turn, response_class=JSON)
 def start_turn(project_id: str, body: StartTurn, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
     """Start a turn (a draft is derived from head if none is open); ``continue: true``
@@ -90,104 +195,6 @@ def cancel(turn_id: str, request: Request, store: StoreDep, principal: Principal
     """End the turn ``interrupted`` with ``end_reason: cancelled`` (not a failure)."""
     _scoped(request, principal, store, turn_id)
     return _ended(store.cancel_turn(turn_id))
-
-
-@router.post("/turns/{turn_id}/heartbeat", status_code=204)
-def heartbeat(turn_id: str, request: Request, store: StoreDep, principal: Principal = Allow(*AGENT)) -> Response:
-    """Keep a running turn alive; 409 ``turn.not_running`` once it was ended elsewhere."""
-    _scoped(request, principal, store, turn_id)
-    store.heartbeat(turn_id)
-    return Response(status_code=204)
-
-
-@router.post("/turns/{turn_id}/deltas", status_code=204)
-def delta(turn_id: str, body: Delta, request: Request, store: StoreDep,
-          principal: Principal = Allow(*AGENT)) -> Response:
-    """Assistant text to the turn's stream (``assistant.delta``); not a row per delta."""
-    _scoped(request, principal, store, turn_id)
-    store.append_delta(turn_id, body.text)
-    return Response(status_code=204)
-
-
-# -- tool calls ---------------------------------------------------------------------------
-@router.post("/turns/{turn_id}/tool-calls", status_code=201, response_model=ToolCall, response_class=JSON)
-def tool_started(turn_id: str, body: ToolStart, request: Request, store: StoreDep,
-                 principal: Principal = Allow(*AGENT)) -> JSON:
-    _scoped(request, principal, store, turn_id)
-    call = store.tool_started(turn_id, body.tool_name, body.args, needs_approval=body.needs_approval)
-    return JSON(call, status_code=201)
-
-
-@router.post("/turns/{turn_id}/tool-calls/{seq}/complete", status_code=204)
-def tool_completed(turn_id: str, seq: int, body: ToolComplete, request: Request, store: StoreDep,
-                   principal: Principal = Allow(*AGENT)) -> Response:
-    _scoped(request, principal, store, turn_id)
-    store.tool_completed(turn_id, seq, body.result)
-    return Response(status_code=204)
-
-
-@router.post("/turns/{turn_id}/tool-calls/{seq}/fail", status_code=204)
-def tool_failed(turn_id: str, seq: int, body: ToolFail, request: Request, store: StoreDep,
-                principal: Principal = Allow(*AGENT)) -> Response:
-    _scoped(request, principal, store, turn_id)
-    store.tool_failed(turn_id, seq, body.error)
-    return Response(status_code=204)
-
-
-@router.post("/turns/{turn_id}/tool-calls/{seq}/approval", response_model=ToolCall, response_class=JSON)
-def approval(turn_id: str, seq: int, body: Approval, request: Request, store: StoreDep,
-             principal: Principal = Allow(*AGENT)) -> JSON:
-    """Approve (the call becomes ``started``) or deny (``denied``; not a turn failure)."""
-    _scoped(request, principal, store, turn_id)
-    return JSON(store.decide_tool_call(turn_id, seq, body.approved, body.reason, actor=body.actor))
-
-
-# -- draft writes ---------------------------------------------------------------------------
-@router.put("/turns/{turn_id}/files/{path:path}", status_code=204,
-            openapi_extra={"requestBody": {"content": {"application/octet-stream": {"schema": {
-                "type": "string", "format": "binary"}}}, "required": True}})
-async def write_file(turn_id: str, path: str, request: Request, principal: Principal = Allow(*AGENT)) -> Response:
-    """Write one file; the body is its raw content."""
-    store = request.app.state.store
-    limit = store.limits.max_file_bytes
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
-    data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
-    from starlette.concurrency import run_in_threadpool
-
-    await run_in_threadpool(_scoped, request, principal, store, turn_id)
-    await run_in_threadpool(store.write_file, turn_id, path, bytes(data))
-    return Response(status_code=204)
-
-
-@router.delete("/turns/{turn_id}/files/{path:path}", status_code=204)
-def delete_file(turn_id: str, path: str, request: Request, store: StoreDep,
-                principal: Principal = Allow(*AGENT)) -> Response:
-    _scoped(request, principal, store, turn_id)
-    store.delete_file(turn_id, path)
-    return Response(status_code=204)
-
-
-@router.post("/turns/{turn_id}/changes", status_code=204)
-def apply_changes(turn_id: str, body: Changes, request: Request, store: StoreDep,
-                  principal: Principal = Allow(*AGENT)) -> Response:
-    """One atomic batch: ``{"changes": {path: base64 | null}}`` (null deletes)."""
-    _scoped(request, principal, store, turn_id)
-    store.apply_changes(turn_id, decode_files(body.changes, "changes"))
-    return Response(status_code=204)
-
-
-@router.post("/turns/{turn_id}/move", status_code=204)
-def move_file(turn_id: str, body: Move, request: Request, store: StoreDep,
-              principal: Principal = Allow(*AGENT)) -> Response:
-    _scoped(request, principal, store, turn_id)
-    store.move_file(turn_id, body.src, body.dst)
-    return Response(status_code=204)
 
 
 @router.patch("/turns/{turn_id}/characters", response_class=JSON)
