@@ -244,6 +244,9 @@ def test_crlf_and_a_lone_carriage_return_in_a_literal() -> None:
     assert [(m.line_number, m.line) for m in search("two", files)] == [(2, "two\rx")]
     assert [(m.line_number, m.line) for m in search("\rx", files)] == [(2, "two\rx")]
     assert lines(search("one\r", files)) == [] and lines(search("three\r", files)) == []
+    doubled = {"f": b"a\r\r\nb a\r\r"}  # one CR goes with the line end, the other stays in the line
+    for options in ({}, {"context": 1}, {"regex": True}):
+        assert [m.line for m in search("a", doubled, **options)] == ["a\r", "b a\r"]
 
 
 def test_matches_past_max_results_stop_the_search_in_that_file() -> None:

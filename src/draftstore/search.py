@@ -200,22 +200,9 @@ class SearchMatch:
 
 
 # A search builds up to MAX_RESULTS_CAP matches, and the frozen dataclass's __init__ (five
-# object.__setattr__ calls by name) was a fifth of a common pattern's time: the search sets
-# the slots through their descriptors instead, which is what object.__setattr__ ends in.
-_new_object = object.__new__
-_set_path, _set_line_number, _set_line, _set_before, _set_after = (
-    SearchMatch.__dict__[f.name].__set__ for f in fields(SearchMatch))
-
-
-def _match(path: str, line_number: int, line: str, before: tuple[str, ...], after: tuple[str, ...]) -> SearchMatch:
-    """``SearchMatch(path, line_number, line, before, after)``, built without its __init__."""
-    m = _new_object(SearchMatch)
-    _set_path(m, path)
-    _set_line_number(m, line_number)
-    _set_line(m, line)
-    _set_before(m, before)
-    _set_after(m, after)
-    return m
+# object.__setattr__ calls by name, in a Python frame) cost more than finding the match: the
+# literal search sets the slots through their descriptors, which is what __init__ ends in.
+_MATCH_BUILDER = (object.__new__, *(SearchMatch.__dict__[f.name].__set__ for f in fields(SearchMatch)))
 
 
 @dataclass
@@ -233,19 +220,19 @@ class SearchResult:
 
 
 # StringZilla's SIMD substring search and count: several times faster than bytes.find and
-# bytes.count on source text (a needle such as "import " defeats CPython's skip heuristics);
-# both take Python's (haystack, needle, start, end) and give Python's answers.
+# bytes.count on source text (a needle such as "import " defeats CPython's skip heuristics),
+# and cheaper per call even for a newline; each takes Python's (haystack, needle, start, end)
+# and gives Python's answer.
 _sz_find = stringzilla.find
+_sz_rfind = stringzilla.rfind
 _sz_count = stringzilla.count
 
 
 _NUMPY_COUNT_FROM = 16384  # bytes: past this numpy's count outruns StringZilla's (per-call cost aside)
 
 
-def _count_newlines(data: bytes, start: int, end: int) -> int:
-    """How many "\\n" lie in ``data[start:end]``."""
-    if end - start < _NUMPY_COUNT_FROM:
-        return _sz_count(data, b"\n", start, end)
+def _numpy_count_newlines(data: bytes, start: int, end: int) -> int:
+    """How many "\\n" lie in ``data[start:end]``, counted by numpy (long spans)."""
     return int(np.count_nonzero(np.frombuffer(data, np.uint8, end - start, start) == 0x0A))
 
 
@@ -319,24 +306,28 @@ class Searcher:
         result = SearchResult()
         needle = self._needle
         by_line = needle is not None and b"\n" not in needle  # a literal within one line: the fast path
+        # A needle without "\r" matches the same lines whether or not CRLFs are made LFs first,
+        # so without context only the reported lines need their CR dropped, not whole files.
+        cr_per_line = by_line and b"\r" not in needle and not self.context
+        find = _sz_find
         for path, read in files:
             data = read()
             result.files_searched += 1
             if needle is not None:
-                at = _sz_find(data, needle)
+                at = find(data, needle)
                 if at < 0:
                     continue  # the common case: one SIMD scan, nothing decoded
-            if data.find(b"\x00", 0, _BINARY_SNIFF) >= 0:  # binary: the pattern is looked for as stored
+            if find(data, b"\x00", 0, _BINARY_SNIFF) >= 0:  # binary: the pattern is looked for as stored
                 if needle is not None or self._find(data) is not None:
                     result.binary_files_skipped += 1
                 continue
             if by_line:
-                if b"\r" in data:  # one memchr; rare in source, so the rewrite is off the common path
+                if not cr_per_line and b"\r" in data:
                     data = _lf_lines(data)
-                    at = _sz_find(data, needle)
+                    at = find(data, needle)
                     if at < 0:
                         continue
-                if self._add_literal_lines(path, data, at, result):
+                if self._add_literal_lines(path, data, at, result, cr_per_line):
                     break
                 continue
             data = _lf_lines(data)  # before a regex runs: '$' sees CRLF line ends
@@ -345,32 +336,43 @@ class Searcher:
                 break
         return result
 
-    def _add_literal_lines(self, path: str, data: bytes, at: int, result: SearchResult) -> bool:
+    def _add_literal_lines(self, path: str, data: bytes, at: int, result: SearchResult, strip_cr: bool) -> bool:
         """``_add_lines`` for a literal without "\\n" whose first match starts at ``at``: every
         match lies inside one line, so each matching line costs a few C calls -- a SIMD search
-        for the next match past the line's end, memchr for its ends, a SIMD count of the
-        newlines since the previous matching line -- and one decode."""
-        needle, c, cap, matches = self._needle, self.context, self.max_results, result.matches
+        for the next match past the line's end, SIMD searches for its ends, a SIMD count of the
+        newlines since the previous matching line -- and one decode. ``strip_cr``: ``data``
+        still has its CRLFs, and a line's one CR before its end (see ``_lf_lines``) is dropped."""
+        needle, c, matches = self._needle, self.context, result.matches
         assert needle is not None
-        n = len(data)
-        line_start, line_end = data.rfind, data.find
+        find, rfind, count, n, append = _sz_find, _sz_rfind, _sz_count, len(data), matches.append
+        new, set_path, set_number, set_line, set_before, set_after = _MATCH_BUILDER
+        left = self.max_results - len(matches)
         line_number, counted = 1, 0
         before: tuple[str, ...] = ()
         after: tuple[str, ...] = ()
-        while at >= 0:
-            ls = line_start(b"\n", 0, at) + 1
-            le = line_end(b"\n", at)
+        while at >= 0:  # (inlined: a function call per match would cost as much as the rest)
+            ls = rfind(data, b"\n", 0, at) + 1
+            le = find(data, b"\n", at)
             if le < 0:
                 le = n
-            line_number += _count_newlines(data, counted, ls)
+            line_number += (count(data, b"\n", counted, ls) if ls - counted < _NUMPY_COUNT_FROM
+                            else _numpy_count_newlines(data, counted, ls))
             counted = ls
-            if len(matches) == cap:
+            if not left:
                 result.truncated = True
                 return True
+            left -= 1
             if c:
                 before, after = _context(data, ls, le, c)
-            matches.append(_match(path, line_number, data[ls:le].decode("utf-8", "replace"), before, after))
-            at = _sz_find(data, needle, le + 1) if le < n else -1
+            m = new(SearchMatch)
+            set_path(m, path)
+            set_number(m, line_number)
+            set_line(m, data[ls:le - 1 if strip_cr and le > ls and data[le - 1] == 0x0D else le]
+                     .decode("utf-8", "replace"))
+            set_before(m, before)
+            set_after(m, after)
+            append(m)
+            at = find(data, needle, le + 1) if le < n else -1
         return False
 
     def _add_lines(self, path: str, data: bytes, hit: tuple[int, int] | None, result: SearchResult) -> bool:
