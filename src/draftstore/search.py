@@ -32,7 +32,7 @@ only and ``**/*.py`` any depth. An unclosed ``[`` raises ``pattern.invalid``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import numpy as np
 import re2
@@ -188,21 +188,18 @@ def glob_base(pattern: str) -> str:
 
 
 # -- search --------------------------------------------------------------------------
-@dataclass(frozen=True, slots=True)
+# Not frozen: a search builds up to MAX_RESULTS_CAP of these, and a frozen dataclass's __init__
+# (an object.__setattr__ call per field) was measured at over a tenth of a search for a common
+# literal. Like the SearchResult that holds them, matches are the caller's to keep or change.
+@dataclass(slots=True)
 class SearchMatch:
-    """One matching line: immutable, compared and hashed by value."""
+    """One matching line: a record compared by value (not hashable)."""
 
     path: str
     line_number: int  # 1-based
     line: str  # without its terminator; invalid UTF-8 shown as U+FFFD
     before: tuple[str, ...] = ()
     after: tuple[str, ...] = ()
-
-
-# A search builds up to MAX_RESULTS_CAP matches, and the frozen dataclass's __init__ (five
-# object.__setattr__ calls by name, in a Python frame) cost more than finding the match: the
-# literal search sets the slots through their descriptors, which is what __init__ ends in.
-_MATCH_BUILDER = (object.__new__, *(SearchMatch.__dict__[f.name].__set__ for f in fields(SearchMatch)))
 
 
 @dataclass
@@ -303,32 +300,18 @@ class Searcher:
 
     def run(self, files: Iterable[tuple[str, Callable[[], bytes]]]) -> SearchResult:
         """Search ``(path, read)`` pairs in order; stops once the cap is exceeded."""
-        result = SearchResult()
         needle = self._needle
-        by_line = needle is not None and b"\n" not in needle  # a literal within one line: the fast path
-        # A needle without "\r" matches the same lines whether or not CRLFs are made LFs first,
-        # so without context only the reported lines need their CR dropped, not whole files.
-        cr_per_line = by_line and b"\r" not in needle and not self.context
-        find = _sz_find
+        if needle is not None and b"\n" not in needle:
+            return self._run_literal(files, needle)  # the common case: a literal within one line
+        result = SearchResult()
         for path, read in files:
             data = read()
             result.files_searched += 1
-            if needle is not None:
-                at = find(data, needle)
-                if at < 0:
-                    continue  # the common case: one SIMD scan, nothing decoded
-            if find(data, b"\x00", 0, _BINARY_SNIFF) >= 0:  # binary: the pattern is looked for as stored
+            if needle is not None and _sz_find(data, needle) < 0:
+                continue  # one SIMD scan, nothing decoded
+            if _sz_find(data, b"\x00", 0, _BINARY_SNIFF) >= 0:  # binary: the pattern is looked for as stored
                 if needle is not None or self._find(data) is not None:
                     result.binary_files_skipped += 1
-                continue
-            if by_line:
-                if not cr_per_line and b"\r" in data:
-                    data = _lf_lines(data)
-                    at = find(data, needle)
-                    if at < 0:
-                        continue
-                if self._add_literal_lines(path, data, at, result, cr_per_line):
-                    break
                 continue
             data = _lf_lines(data)  # before a regex runs: '$' sees CRLF line ends
             hit = self._find(data)
@@ -336,44 +319,57 @@ class Searcher:
                 break
         return result
 
-    def _add_literal_lines(self, path: str, data: bytes, at: int, result: SearchResult, strip_cr: bool) -> bool:
-        """``_add_lines`` for a literal without "\\n" whose first match starts at ``at``: every
-        match lies inside one line, so each matching line costs a few C calls -- a SIMD search
-        for the next match past the line's end, SIMD searches for its ends, a SIMD count of the
-        newlines since the previous matching line -- and one decode. ``strip_cr``: ``data``
-        still has its CRLFs, and a line's one CR before its end (see ``_lf_lines``) is dropped."""
-        needle, c, matches = self._needle, self.context, result.matches
-        assert needle is not None
-        find, rfind, count, n, append = _sz_find, _sz_rfind, _sz_count, len(data), matches.append
-        new, set_path, set_number, set_line, set_before, set_after = _MATCH_BUILDER
-        left = self.max_results - len(matches)
-        line_number, counted = 1, 0
+    def _run_literal(self, files: Iterable[tuple[str, Callable[[], bytes]]], needle: bytes) -> SearchResult:
+        """``run`` for a literal without "\\n": every match lies inside one line, so a matching line
+        costs a few C calls -- SIMD searches for the next match past the previous line's end and
+        for the line's ends, a SIMD count of the newlines since the previous matching line -- and
+        one decode; everything else is set up once per search, not per file or per match."""
+        result = SearchResult()
+        c, matches = self.context, result.matches
+        # A needle without "\r" matches the same lines whether or not CRLFs are made LFs first,
+        # so without context only a reported line needs its CR dropped, not every file.
+        strip_cr = b"\r" not in needle and not c
+        find, rfind, count, append = _sz_find, _sz_rfind, _sz_count, matches.append
+        left = self.max_results
         before: tuple[str, ...] = ()
         after: tuple[str, ...] = ()
-        while at >= 0:  # (inlined: a function call per match would cost as much as the rest)
-            ls = rfind(data, b"\n", 0, at) + 1
-            le = find(data, b"\n", at)
-            if le < 0:
-                le = n
-            line_number += (count(data, b"\n", counted, ls) if ls - counted < _NUMPY_COUNT_FROM
-                            else _numpy_count_newlines(data, counted, ls))
-            counted = ls
-            if not left:
-                result.truncated = True
-                return True
-            left -= 1
-            if c:
-                before, after = _context(data, ls, le, c)
-            m = new(SearchMatch)
-            set_path(m, path)
-            set_number(m, line_number)
-            set_line(m, data[ls:le - 1 if strip_cr and le > ls and data[le - 1] == 0x0D else le]
-                     .decode("utf-8", "replace"))
-            set_before(m, before)
-            set_after(m, after)
-            append(m)
-            at = find(data, needle, le + 1) if le < n else -1
-        return False
+        searched = 0
+        for path, read in files:
+            data = read()
+            searched += 1
+            at = find(data, needle)
+            if at < 0:
+                continue  # the common case: one SIMD scan, nothing decoded
+            if find(data, b"\x00", 0, _BINARY_SNIFF) >= 0:
+                result.binary_files_skipped += 1  # binary: skipped, counted as it holds the needle
+                continue
+            if not strip_cr and b"\r" in data:
+                data = _lf_lines(data)
+                at = find(data, needle)
+                if at < 0:
+                    continue
+            n = len(data)
+            line_number, counted = 1, 0
+            while at >= 0:  # inlined: a Python call per match costs as much as a SIMD search
+                ls = rfind(data, b"\n", 0, at) + 1
+                le = find(data, b"\n", at)
+                if le < 0:
+                    le = n
+                line_number += (count(data, b"\n", counted, ls) if ls - counted < _NUMPY_COUNT_FROM
+                                else _numpy_count_newlines(data, counted, ls))
+                counted = ls
+                if not left:
+                    result.truncated = True
+                    result.files_searched = searched
+                    return result
+                left -= 1
+                if c:
+                    before, after = _context(data, ls, le, c)
+                text = data[ls:le - 1 if strip_cr and le > ls and data[le - 1] == 0x0D else le]
+                append(SearchMatch(path, line_number, text.decode("utf-8", "replace"), before, after))
+                at = find(data, needle, le + 1) if le < n else -1
+        result.files_searched = searched
+        return result
 
     def _add_lines(self, path: str, data: bytes, hit: tuple[int, int] | None, result: SearchResult) -> bool:
         """Add one file's matching lines from its first match ``hit``; True once the cap is exceeded.
