@@ -7,9 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import re2
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from draftstore.errors import PatternInvalid
-from draftstore.search import MAX_RESULTS_CAP, RE2_SYNTAX_URL, Searcher, SearchResult, compile_glob
+from draftstore.search import MAX_RESULTS_CAP, RE2_SYNTAX_URL, Searcher, SearchMatch, SearchResult, compile_glob
 
 HANG_TIMEOUT_S = 20.0  # a hang check, not a speed goal: RE2 takes milliseconds here
 
@@ -168,6 +171,104 @@ def test_max_results_caps_and_says_truncated() -> None:
         assert [(m.path, m.line_number) for m in capped] == [("a", 1), ("a", 2), ("a", 3)] and capped.truncated
         exact = search("hit", files, max_results=5, **options)
         assert len(exact) == 5 and not exact.truncated
+
+
+# -- a literal's line-by-line search (the common case) gives grep's lines ------------------
+def grep_lines(needle: str, files: dict[str, bytes], context: int, max_results: int) -> tuple[list[Any], bool]:
+    """What ``grep -nF`` reports, written the slow obvious way: the oracle for literal search."""
+    found: list[Any] = []
+    raw = needle.encode("utf-8", "surrogatepass")
+    for path, data in files.items():
+        if b"\x00" in data[:8192]:
+            continue
+        data = data.replace(b"\r\n", b"\n")
+        data = data[:-1] if data.endswith(b"\r") else data
+        rows = data.split(b"\n")
+        if data.endswith(b"\n"):
+            rows.pop()  # no line follows the last newline
+        text = [r.decode("utf-8", "replace") for r in rows]
+        for i, row in enumerate(rows):
+            if raw in row:
+                if len(found) == max_results:
+                    return found, True
+                found.append((path, i + 1, text[i], tuple(text[max(0, i - context):i]),
+                              tuple(text[i + 1:i + 1 + context])))
+    return found, False
+
+
+def full(result: SearchResult) -> tuple[list[Any], bool]:
+    return [(m.path, m.line_number, m.line, m.before, m.after) for m in result], result.truncated
+
+
+PIECES = [b"a", b"b", b"ab", b"ba", b"\n", b"\r", b"\r\n", b"\xff", b"\xc3\xa9", b"\xc3", b" ", b"\x00"]
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    files=st.dictionaries(st.sampled_from(["a", "b/c", "d"]),
+                          st.lists(st.sampled_from(PIECES), max_size=40).map(b"".join), max_size=3),
+    needle=st.sampled_from(["a", "ab", "aa", "b a", "é", "a\r", "\rb", "a\nb", "\ufffd", "ba b"]),
+    context=st.integers(0, 2),
+    max_results=st.integers(1, 12),
+)
+def test_a_literal_finds_what_grep_finds(files: dict[str, bytes], needle: str, context: int,
+                                         max_results: int) -> None:
+    files = dict(sorted(files.items()))
+    literal = search(needle, files, context=context, max_results=max_results)
+    assert full(literal) == grep_lines(needle, files, context, max_results)
+    regex = search(re2.escape(needle), files, regex=True, context=context, max_results=max_results)
+    assert full(literal) == full(regex)
+    assert (literal.files_searched, literal.binary_files_skipped) == (regex.files_searched,
+                                                                       regex.binary_files_skipped)
+
+
+def test_a_match_on_a_last_line_without_a_newline_is_reported() -> None:
+    result = search("end", {"f": b"start\nthe end"}, context=1)
+    assert full(result) == ([("f", 2, "the end", ("start",), ())], False)
+
+
+def test_line_numbers_hold_far_into_a_large_file() -> None:
+    body = b"".join(b"line %d\n" % i for i in range(20_000))  # ~200 KB between matches
+    files = {"big": b"hit 1\n" + body + b"hit 2\n" + body + b"tail hit", "small": b"hit\n"}
+    assert full(search("hit", files, context=1)) == grep_lines("hit", files, 1, 100)
+    assert [m.line_number for m in search("hit", files)] == [1, 20_002, 40_003, 1]
+
+
+def test_overlapping_and_repeated_matches_report_their_line_once() -> None:
+    result = search("aa", {"f": b"aaaa aa\nb\naaa"})
+    assert [(m.line_number, m.line) for m in result] == [(1, "aaaa aa"), (3, "aaa")]
+
+
+def test_crlf_and_a_lone_carriage_return_in_a_literal() -> None:
+    files = {"f": b"one\r\ntwo\rx\r\nthree\r"}
+    assert [(m.line_number, m.line) for m in search("two", files)] == [(2, "two\rx")]
+    assert [(m.line_number, m.line) for m in search("\rx", files)] == [(2, "two\rx")]
+    assert lines(search("one\r", files)) == [] and lines(search("three\r", files)) == []
+    doubled = {"f": b"a\r\r\nb a\r\r"}  # one CR goes with the line end, the other stays in the line
+    for options in ({}, {"context": 1}, {"regex": True}):
+        assert [m.line for m in search("a", doubled, **options)] == ["a\r", "b a\r"]
+
+
+def test_matches_past_max_results_stop_the_search_in_that_file() -> None:
+    files = {"a": b"x\n" * 3, "b": b"y\nx\n", "c": b"x\n"}
+    capped = search("x", files, max_results=4)
+    assert [(m.path, m.line_number) for m in capped] == [("a", 1), ("a", 2), ("a", 3), ("b", 2)]
+    assert capped.truncated and capped.files_searched == 3  # "c" holds the fifth match
+    exact = search("x", {"a": files["a"], "b": files["b"]}, max_results=4)
+    assert not exact.truncated and exact.files_searched == 2
+
+
+def test_non_utf8_bytes_in_matched_and_context_lines_are_replaced() -> None:
+    files = {"f": b"\xfe\xff\nname = b'\xc3' + x\n\xe2\x82\n"}
+    result = search("name", files, context=1)
+    assert full(result) == ([("f", 2, "name = b'\ufffd' + x", ("\ufffd\ufffd",), ("\ufffd",))], False)
+
+
+def test_a_match_compares_by_value_and_has_no_other_fields() -> None:
+    (m,) = search("x", {"f": b"x\n"})
+    assert m == SearchMatch("f", 1, "x") and m != SearchMatch("f", 1, "x", ("w",))
+    with pytest.raises(AttributeError):
+        m.column = 1  # type: ignore[attr-defined]
 
 
 # -- globs ----------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 r"""Globs and code search over a state: pure functions, no I/O of their own.
 
 Every pattern runs on RE2 (google-re2): time linear in the text, so no
-agent-supplied pattern can hang a worker by backtracking.
+agent-supplied pattern can hang a worker by backtracking. A case-sensitive literal
+(the default) needs no regex engine: StringZilla's SIMD substring search finds it,
+also in linear time.
 
 Search (``Searcher``, ``View.search_code``): a literal (the default) matches its
 exact text; ``regex=True`` takes RE2 syntax, https://github.com/google/re2/wiki/Syntax
@@ -32,7 +34,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
 import re2
+import stringzilla
 
 from .errors import PatternInvalid
 
@@ -184,8 +188,13 @@ def glob_base(pattern: str) -> str:
 
 
 # -- search --------------------------------------------------------------------------
-@dataclass(frozen=True)
+# Not frozen: a search builds up to MAX_RESULTS_CAP of these, and a frozen dataclass's __init__
+# (an object.__setattr__ call per field) was measured at over a tenth of a search for a common
+# literal. Like the SearchResult that holds them, matches are the caller's to keep or change.
+@dataclass(slots=True)
 class SearchMatch:
+    """One matching line: a record compared by value (not hashable)."""
+
     path: str
     line_number: int  # 1-based
     line: str  # without its terminator; invalid UTF-8 shown as U+FFFD
@@ -207,10 +216,42 @@ class SearchResult:
         return len(self.matches)
 
 
+# StringZilla's SIMD substring search and count: several times faster than bytes.find and
+# bytes.count on source text (a needle such as "import " defeats CPython's skip heuristics),
+# and cheaper per call even for a newline; each takes Python's (haystack, needle, start, end)
+# and gives Python's answer.
+_sz_find = stringzilla.find
+_sz_rfind = stringzilla.rfind
+_sz_count = stringzilla.count
+
+
+_NUMPY_COUNT_FROM = 16384  # bytes: past this numpy's count outruns StringZilla's (per-call cost aside)
+
+
+def _numpy_count_newlines(data: bytes, start: int, end: int) -> int:
+    """How many "\\n" lie in ``data[start:end]``, counted by numpy (long spans)."""
+    return int(np.count_nonzero(np.frombuffer(data, np.uint8, end - start, start) == 0x0A))
+
+
 def _line(data: bytes, pos: int) -> tuple[int, int]:
     """Start and end (its "\\n", or the end of ``data``) of the line holding ``data[pos]``."""
     end = data.find(b"\n", pos)
     return data.rfind(b"\n", 0, pos) + 1, (len(data) if end < 0 else end)
+
+
+def _context(data: bytes, ls: int, le: int, c: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """Up to ``c`` lines before the line ``data[ls:le]`` and up to ``c`` after it, within ``data``."""
+    before: list[str] = []
+    s = ls
+    while len(before) < c and s > 0:
+        s, e = _line(data, s - 1)
+        before.append(data[s:e].decode("utf-8", "replace"))
+    after: list[str] = []
+    e, n = le, len(data)
+    while len(after) < c and e + 1 < n:
+        s, e = _line(data, e + 1)
+        after.append(data[s:e].decode("utf-8", "replace"))
+    return tuple(reversed(before)), tuple(after)
 
 
 def _lf_lines(data: bytes) -> bytes:
@@ -253,29 +294,81 @@ class Searcher:
             needle = self._needle = pattern.encode("utf-8", "surrogatepass")
 
             def find(data: bytes, pos: int = 0, end: int | None = None) -> tuple[int, int] | None:
-                i = data.find(needle, pos, end)
+                i = _sz_find(data, needle, pos, len(data) if end is None else end)
                 return None if i < 0 else (i, i + len(needle))
         self._find = find  # (start, end) of the first match inside data[pos:end], or None
 
     def run(self, files: Iterable[tuple[str, Callable[[], bytes]]]) -> SearchResult:
         """Search ``(path, read)`` pairs in order; stops once the cap is exceeded."""
-        result = SearchResult()
         needle = self._needle
+        if needle is not None and b"\n" not in needle:
+            return self._run_literal(files, needle)  # the common case: a literal within one line
+        result = SearchResult()
         for path, read in files:
             data = read()
             result.files_searched += 1
-            if needle is not None and needle not in data:
-                continue  # the common case: one C-level scan, nothing decoded
-            binary = data.find(b"\x00", 0, _BINARY_SNIFF) >= 0
-            data = data if binary else _lf_lines(data)  # before a regex runs: '$' sees CRLF line ends
+            if needle is not None and _sz_find(data, needle) < 0:
+                continue  # one SIMD scan, nothing decoded
+            if _sz_find(data, b"\x00", 0, _BINARY_SNIFF) >= 0:  # binary: the pattern is looked for as stored
+                if needle is not None or self._find(data) is not None:
+                    result.binary_files_skipped += 1
+                continue
+            data = _lf_lines(data)  # before a regex runs: '$' sees CRLF line ends
             hit = self._find(data)
-            if hit is None:
-                continue
-            if binary:
-                result.binary_files_skipped += 1
-                continue
-            if self._add_lines(path, data, hit, result):
+            if hit is not None and self._add_lines(path, data, hit, result):
                 break
+        return result
+
+    def _run_literal(self, files: Iterable[tuple[str, Callable[[], bytes]]], needle: bytes) -> SearchResult:
+        """``run`` for a literal without "\\n": every match lies inside one line, so a matching line
+        costs a few C calls -- SIMD searches for the next match past the previous line's end and
+        for the line's ends, a SIMD count of the newlines since the previous matching line -- and
+        one decode; everything else is set up once per search, not per file or per match."""
+        result = SearchResult()
+        c, matches = self.context, result.matches
+        # A needle without "\r" matches the same lines whether or not CRLFs are made LFs first,
+        # so without context only a reported line needs its CR dropped, not every file.
+        strip_cr = b"\r" not in needle and not c
+        find, rfind, count, append = _sz_find, _sz_rfind, _sz_count, matches.append
+        left = self.max_results
+        before: tuple[str, ...] = ()
+        after: tuple[str, ...] = ()
+        searched = 0
+        for path, read in files:
+            data = read()
+            searched += 1
+            at = find(data, needle)
+            if at < 0:
+                continue  # the common case: one SIMD scan, nothing decoded
+            if find(data, b"\x00", 0, _BINARY_SNIFF) >= 0:
+                result.binary_files_skipped += 1  # binary: skipped, counted as it holds the needle
+                continue
+            if not strip_cr and b"\r" in data:
+                data = _lf_lines(data)
+                at = find(data, needle)
+                if at < 0:
+                    continue
+            n = len(data)
+            line_number, counted = 1, 0
+            while at >= 0:  # inlined: a Python call per match costs as much as a SIMD search
+                ls = rfind(data, b"\n", 0, at) + 1
+                le = find(data, b"\n", at)
+                if le < 0:
+                    le = n
+                line_number += (count(data, b"\n", counted, ls) if ls - counted < _NUMPY_COUNT_FROM
+                                else _numpy_count_newlines(data, counted, ls))
+                counted = ls
+                if not left:
+                    result.truncated = True
+                    result.files_searched = searched
+                    return result
+                left -= 1
+                if c:
+                    before, after = _context(data, ls, le, c)
+                text = data[ls:le - 1 if strip_cr and le > ls and data[le - 1] == 0x0D else le]
+                append(SearchMatch(path, line_number, text.decode("utf-8", "replace"), before, after))
+                at = find(data, needle, le + 1) if le < n else -1
+        result.files_searched = searched
         return result
 
     def _add_lines(self, path: str, data: bytes, hit: tuple[int, int] | None, result: SearchResult) -> bool:
@@ -294,17 +387,8 @@ class Searcher:
                 if len(matches) == self.max_results:
                     result.truncated = True
                     return True
-                before: list[str] = []
-                s = ls
-                while len(before) < c and s > 0:
-                    s, e = _line(data, s - 1)
-                    before.append(data[s:e].decode("utf-8", "replace"))
-                after: list[str] = []
-                e = le
-                while len(after) < c and e + 1 < n:
-                    s, e = _line(data, e + 1)
-                    after.append(data[s:e].decode("utf-8", "replace"))
+                before, after = _context(data, ls, le, c)
                 text = data[ls:le].decode("utf-8", "replace")
-                matches.append(SearchMatch(path, line_number, text, tuple(reversed(before)), tuple(after)))
+                matches.append(SearchMatch(path, line_number, text, before, after))
             hit = find(data, le + 1, n) if le < n else None
         return False

@@ -264,7 +264,9 @@ class View:
         if units is None:
             selected: Any = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
         else:
-            selected = [(p, d) for p, d in self._candidates(units, base) if rx is None or rx.match(p)]
+            selected = self._candidates(units, base)
+            if rx is not None:
+                selected = [(p, d) for p, d in selected if rx.match(p)]
         return searcher.run(self._prefetched(iter(selected)))
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
