@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import shutil
 import stat
 import tarfile
@@ -494,6 +495,21 @@ def test_a_bundle_with_long_and_non_ascii_paths_is_read_exactly(store: Store, tm
     assert out.path == "snapshot" and out.snapshot_id == snap.id
     assert tree_on_disk(tmp_path / "dest") == expected_tree(files, set(EXECUTABLE))
     assert (out.files, out.bytes) == (len(files), sum(map(len, files.values())))
+
+
+def test_a_bundle_larger_than_the_read_window_is_read_exactly(store: Store, tmp_path: Path) -> None:
+    """A bundle is decompressed a window at a time: files cut by a window's end, and a
+    file larger than a window, come out whole."""
+    rng = random.Random(7)
+    files = {f"many/{i:03d}.bin": rng.randbytes(rng.randrange(1, 9000)) for i in range(400)}
+    files["big/one.bin"] = rng.randbytes(2 * 1024 * 1024 + 12345)
+    files["big/two.bin"] = rng.randbytes(1024 * 1024 + 1)
+    p = store.create_project("large", files=files, executable=["many/007.bin"])
+    assert sum(map(len, files.values())) > 4 * 1024 * 1024
+    snap = store.create_snapshot(p.id, "head")
+    out = store.materialize(p.id, tmp_path / "dest", state="head")
+    assert out.path == "snapshot" and out.snapshot_id == snap.id
+    assert tree_on_disk(tmp_path / "dest") == expected_tree(files, {"many/007.bin"})
 
 
 def test_snapshots_are_never_truth(store: Store, store_factory: Any, tmp_path: Path) -> None:
