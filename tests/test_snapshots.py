@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import stat
+import struct
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -163,6 +164,35 @@ def test_materialize_writes_the_exact_tree_whatever_the_umask(store: Store, tmp_
         os.umask(old)
     assert fast.path == "snapshot" and fast.snapshot_id == snap.id
     assert (fast.files, fast.bytes) == (out.files, out.bytes)
+    assert tree_on_disk(parent / "fast") == want
+
+
+def default_acl(owner: int, group: int, other: int) -> bytes:
+    """The ``system.posix_acl_default`` value granting these permission bits (0-7)."""
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, owner), (0x04, group), (0x20, other)]  # user::, group::, other::
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, undefined) for tag, perm in entries)
+
+
+def test_materialize_writes_the_exact_modes_below_a_default_acl(store: Store, tmp_path: Path) -> None:
+    """A default ACL on the destination stands in for the umask (here: nothing for group
+    and others); the tree's modes still win, from a rebuild and from a snapshot."""
+    p = make_project(store)
+    parent = tmp_path / "acl"
+    parent.mkdir()
+    try:
+        os.setxattr(parent, "system.posix_acl_default", default_acl(7, 0, 0))
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"no POSIX ACLs here: {exc}")
+    probe = parent / "probe"
+    probe.write_bytes(b"")
+    assert stat.S_IMODE(probe.lstat().st_mode) == 0o600  # the ACL, not the umask, decides
+    probe.unlink()
+    want = expected_tree(FILES, set(EXECUTABLE))
+    assert store.materialize(p.id, parent / "rebuilt", state="head").path == "rebuild"
+    assert tree_on_disk(parent / "rebuilt") == want
+    store.create_snapshot(p.id, "head")
+    assert store.materialize(p.id, parent / "fast", state="head").path == "snapshot"
     assert tree_on_disk(parent / "fast") == want
 
 

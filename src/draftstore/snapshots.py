@@ -12,6 +12,7 @@ root is no longer the state's). Deleting every snapshot loses nothing.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
@@ -292,23 +293,45 @@ class _Writer:
         self.written: set[str] = set()
         for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
             os.makedirs(os.path.join(self.dest, d), exist_ok=True)
+        self._chmod = not _creation_keeps_modes(self.dest)
 
     def write(self, path: str, data: bytes | memoryview, executable: bool) -> None:
         if path in self.written:
             raise E.IntegrityError(f"{path!r} written twice")
         self.written.add(path)
         self.count += 1
-        _write(os.path.join(self.dest, path), data, executable)
+        _write(os.path.join(self.dest, path), data, executable, self._chmod)
 
 
-def _write(target: str, data: bytes | memoryview, executable: bool) -> None:
+def _write(target: str, data: bytes | memoryview, executable: bool, chmod: bool = True) -> None:
     mode = 0o755 if executable else 0o644
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         _write_all(fd, data)
-        os.fchmod(fd, mode)  # the umask must not change a file's mode
+        if chmod:
+            os.fchmod(fd, mode)  # the umask must not change a file's mode
     finally:
         os.close(fd)
+
+
+def _creation_keeps_modes(dest: str) -> bool:
+    """True when a file created below ``dest`` (in a directory made there) gets exactly
+    the mode 0o644 or 0o755 it is created with: the process umask clears none of those
+    bits and ``dest`` has no default ACL (which would stand in for the umask). False
+    whenever either cannot be told: every file is then chmod-ed (one journaled inode
+    update a file saved otherwise)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            umask = next((int(line.split()[1], 8) for line in status if line.startswith(b"Umask:")), None)
+    except (OSError, ValueError, IndexError):
+        return False
+    if umask is None or umask & 0o755 or not hasattr(os, "getxattr"):
+        return False
+    try:
+        os.getxattr(dest, "system.posix_acl_default")
+    except OSError as exc:
+        return exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+    return False
 
 
 def _write_all(fd: int, data: bytes | memoryview) -> None:
