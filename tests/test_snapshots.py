@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import io
 import os
+import random
 import shutil
 import stat
+import struct
 import tarfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -92,20 +94,39 @@ def corrupt_object(store: Store, request: pytest.FixtureRequest, digest: str, da
         client.close()
 
 
-def bundle(members: list[tuple[str, bytes, int]], links: list[tuple[str, str]] = ()) -> bytes:  # type: ignore[assignment]
-    """A tar + zstd bundle in the format snapshots use."""
+def tar_of(members: list[tuple[str, bytes, int]], links: list[tuple[str, str]] = (),  # type: ignore[assignment]
+           fmt: int = tarfile.PAX_FORMAT, pax: dict[str, dict[str, str]] | None = None,
+           end: bool = True) -> bytes:
+    """A tar of ``members`` (name, bytes, mode) then ``links`` (name, target), in ``fmt``;
+    ``pax`` adds PAX records to named members; without ``end``, no end-of-archive blocks."""
     out = io.BytesIO()
-    with zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False) as z, \
-            tarfile.open(fileobj=z, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-        for name, data, mode in members:
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), mode
-            tar.addfile(info, io.BytesIO(data))
-        for name, target in links:
-            info = tarfile.TarInfo(name)
-            info.type, info.linkname = tarfile.SYMTYPE, target
-            tar.addfile(info)
+    tar = tarfile.open(fileobj=out, mode="w", format=fmt)
+    for name, data, mode in members:
+        info = tarfile.TarInfo(name)
+        info.size, info.mode = len(data), mode
+        info.pax_headers = dict((pax or {}).get(name, {}))
+        tar.addfile(info, io.BytesIO(data))
+    for name, target in links:
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = tarfile.SYMTYPE, target
+        tar.addfile(info)
+    if not end:
+        return out.getvalue()
+    tar.close()
     return out.getvalue()
+
+
+def bundle(members: list[tuple[str, bytes, int]], links: list[tuple[str, str]] = (),  # type: ignore[assignment]
+           **tar_options: Any) -> bytes:
+    """A tar + zstd bundle in the format snapshots use (``tar_options``: see ``tar_of``)."""
+    return zstandard.ZstdCompressor(level=3).compress(tar_of(members, links, **tar_options))
+
+
+def use_bundle(store: Store, snapshot_id: str, raw: bytes) -> None:
+    """Point a snapshot's row at the bundle ``raw`` (a bug, a bad restore, an older writer)."""
+    key = store.blobs.put(raw)
+    with store.engine.begin() as conn:
+        conn.execute(S.update().where(S.c.id == snapshot_id).values(bundle_key=key, size_bytes=len(raw)))
 
 
 # =====================================================================================
@@ -143,6 +164,35 @@ def test_materialize_writes_the_exact_tree_whatever_the_umask(store: Store, tmp_
         os.umask(old)
     assert fast.path == "snapshot" and fast.snapshot_id == snap.id
     assert (fast.files, fast.bytes) == (out.files, out.bytes)
+    assert tree_on_disk(parent / "fast") == want
+
+
+def default_acl(owner: int, group: int, other: int) -> bytes:
+    """The ``system.posix_acl_default`` value granting these permission bits (0-7)."""
+    undefined = 0xFFFFFFFF
+    entries = [(0x01, owner), (0x04, group), (0x20, other)]  # user::, group::, other::
+    return struct.pack("<I", 2) + b"".join(struct.pack("<HHI", tag, perm, undefined) for tag, perm in entries)
+
+
+def test_materialize_writes_the_exact_modes_below_a_default_acl(store: Store, tmp_path: Path) -> None:
+    """A default ACL on the destination stands in for the umask (here: nothing for group
+    and others); the tree's modes still win, from a rebuild and from a snapshot."""
+    p = make_project(store)
+    parent = tmp_path / "acl"
+    parent.mkdir()
+    try:
+        os.setxattr(parent, "system.posix_acl_default", default_acl(7, 0, 0))
+    except (OSError, AttributeError) as exc:
+        pytest.skip(f"no POSIX ACLs here: {exc}")
+    probe = parent / "probe"
+    probe.write_bytes(b"")
+    assert stat.S_IMODE(probe.lstat().st_mode) == 0o600  # the ACL, not the umask, decides
+    probe.unlink()
+    want = expected_tree(FILES, set(EXECUTABLE))
+    assert store.materialize(p.id, parent / "rebuilt", state="head").path == "rebuild"
+    assert tree_on_disk(parent / "rebuilt") == want
+    store.create_snapshot(p.id, "head")
+    assert store.materialize(p.id, parent / "fast", state="head").path == "snapshot"
     assert tree_on_disk(parent / "fast") == want
 
 
@@ -367,13 +417,16 @@ def test_a_stale_draft_snapshot_falls_back_to_a_rebuild_and_is_marked_stale(stor
 
 
 @pytest.mark.parametrize("tamper", ["duplicate-instead-of-missing", "wrong-content", "extra-member", "symlink",
-                                    "escaping-path", "fewer-files", "mode-flipped"])
+                                    "empty-file-as-link", "escaping-path", "fewer-files", "mode-flipped", "truncated-member",
+                                    "truncated-header", "directory-member", "hardlink", "unknown-pax-record",
+                                    "global-pax-header", "not-zstd-framed-tar"])
 def test_a_bundle_that_does_not_match_its_tree_is_never_used(store: Store, tmp_path: Path, tamper: str) -> None:
     """Rows can point at the wrong bundle (a bug, a bad restore): materialise checks every member."""
     p = make_project(store)
     snap = store.create_snapshot(p.id, "head")
     good = [(path, data, 0o755 if path in EXECUTABLE else 0o644) for path, data in sorted(FILES.items())]
     links: list[tuple[str, str]] = []
+    raw: bytes | None = None
     if tamper == "duplicate-instead-of-missing":
         members = [m for m in good if m[0] != "src/main.py"] + [good[0]]
     elif tamper == "wrong-content":
@@ -383,21 +436,110 @@ def test_a_bundle_that_does_not_match_its_tree_is_never_used(store: Store, tmp_p
     elif tamper == "symlink":
         members = [m for m in good if m[0] != "README.md"]
         links = [("README.md", "/etc/passwd")]
+    elif tamper == "empty-file-as-link":  # a link has no bytes, as the empty file: still not a file
+        members = [m for m in good if m[0] != "data/empty.txt"]
+        links = [("data/empty.txt", "/etc/passwd")]
     elif tamper == "escaping-path":
         members = good + [("../escaped.txt", b"out\n", 0o644)]
     elif tamper == "fewer-files":
         members = good[:-1]
+    elif tamper == "truncated-member":  # the last member's bytes are cut short, no end-of-archive blocks
+        last = good[-1]
+        assert len(last[1]) > 100
+        raw = zstandard.ZstdCompressor().compress(tar_of(good, end=False)[:-(512 - len(last[1]) % 512) - 100])
+    elif tamper == "truncated-header":  # every file, then half a header
+        raw = zstandard.ZstdCompressor().compress(tar_of(good, end=False) + tar_of([good[0]], end=False)[:256])
+    elif tamper == "directory-member":
+        info = tarfile.TarInfo("src")
+        info.type = tarfile.DIRTYPE
+        body = io.BytesIO()
+        with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            tar.addfile(info)
+        raw = zstandard.ZstdCompressor().compress(body.getvalue()[:512] + tar_of(good))
+    elif tamper == "hardlink":  # README.md as a hard link to another member
+        body = io.BytesIO()
+        with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT) as tar:
+            for name, data, mode in good:
+                info = tarfile.TarInfo(name)
+                if name == "README.md":
+                    info.type, info.linkname = tarfile.LNKTYPE, "crlf.txt"
+                    tar.addfile(info)
+                else:
+                    info.size, info.mode = len(data), mode
+                    tar.addfile(info, io.BytesIO(data))
+        raw = zstandard.ZstdCompressor().compress(body.getvalue())
+    elif tamper == "unknown-pax-record":  # a record that could change what a file is: not honoured, not used
+        members = good
+        raw = bundle(good, pax={"src/main.py": {"GNU.sparse.map": "0,1"}})
+    elif tamper == "global-pax-header":
+        body = io.BytesIO()
+        with tarfile.open(fileobj=body, mode="w", format=tarfile.PAX_FORMAT, pax_headers={"path": "x"}) as tar:
+            pass
+        raw = zstandard.ZstdCompressor().compress(body.getvalue()[:1024] + tar_of(good))
+    elif tamper == "not-zstd-framed-tar":  # a plain tar, not compressed
+        raw = tar_of(good)
     else:  # the bytes are right but an executable is not marked so (the tree says what a mode is)
         members = [(n, d, 0o644) for n, d, _ in good]
-    raw = bundle(members, links)
-    key = store.blobs.put(raw)
-    with store.engine.begin() as conn:
-        conn.execute(S.update().where(S.c.id == snap.id).values(bundle_key=key, size_bytes=len(raw)))
+    use_bundle(store, snap.id, raw if raw is not None else bundle(members, links))
     out = store.materialize(p.id, tmp_path / "dest", state="head")
     assert tree_on_disk(tmp_path / "dest") == expected_tree(FILES, set(EXECUTABLE)), out
     assert not (tmp_path / "escaped.txt").exists()
     if tamper != "mode-flipped":
         assert out.path == "rebuild" and snapshot(store, p.id, snap.id).status == "failed"
+    else:
+        assert out.path == "snapshot"
+
+
+LONG_PATH = "/".join(f"nested-directory-{i:02d}" for i in range(6)) + "/a-file-with-a-rather-long-name.txt"
+
+
+@pytest.mark.parametrize("dialect", ["ours", "pax-size-record", "gnu-long-names", "ustar-prefix"])
+def test_a_bundle_with_long_and_non_ascii_paths_is_read_exactly(store: Store, tmp_path: Path, dialect: str) -> None:
+    """Paths over 100 bytes and non-ASCII names, as tarfile's PAX format writes them (our
+    bundles), with a PAX size record, as GNU tar's long names, and split into a ustar
+    prefix: the snapshot gives the exact tree, never a cut or misread path."""
+    files = {**FILES, LONG_PATH: b"long\n" * 40, "\u00e9t\u00e9/" + "x" * 120 + ".txt": b"accented and long\n"}
+    p = store.create_project("long", files=files, executable=EXECUTABLE)
+    assert len(LONG_PATH) > 100 and len(LONG_PATH.rpartition("/")[0]) <= 155
+    snap = store.create_snapshot(p.id, "head")
+    members = [(path, data, 0o755 if path in EXECUTABLE else 0o644) for path, data in sorted(files.items())]
+    if dialect == "pax-size-record":  # the ustar size field says 0, the PAX record holds the size
+        tar = bytearray(tar_of(members, pax={LONG_PATH: {"size": str(len(files[LONG_PATH]))}}))
+        with tarfile.open(fileobj=io.BytesIO(bytes(tar)), mode="r:") as reading:
+            header = reading.getmember(LONG_PATH).offset_data - 512
+        tar[header + 124:header + 136] = b"00000000000\0"
+        tar[header + 148:header + 156] = b" " * 8
+        tar[header + 148:header + 156] = b"%06o\0 " % sum(tar[header:header + 512])
+        with tarfile.open(fileobj=io.BytesIO(bytes(tar)), mode="r:") as reading:  # still a valid tar
+            assert reading.getmember(LONG_PATH).size == len(files[LONG_PATH])
+        use_bundle(store, snap.id, zstandard.ZstdCompressor().compress(bytes(tar)))
+    elif dialect == "gnu-long-names":
+        use_bundle(store, snap.id, bundle(members, fmt=tarfile.GNU_FORMAT))
+    elif dialect == "ustar-prefix":  # ustar cannot hold the 120-character name: the tree has it only here
+        members = [m for m in members if not m[0].startswith("\u00e9t\u00e9/")]
+        files = {k: v for k, v in files.items() if not k.startswith("\u00e9t\u00e9/")}
+        p = store.create_project("ustar", files=files, executable=EXECUTABLE)
+        snap = store.create_snapshot(p.id, "head")
+        use_bundle(store, snap.id, bundle(members, fmt=tarfile.USTAR_FORMAT))
+    out = store.materialize(p.id, tmp_path / "dest", state="head")
+    assert out.path == "snapshot" and out.snapshot_id == snap.id
+    assert tree_on_disk(tmp_path / "dest") == expected_tree(files, set(EXECUTABLE))
+    assert (out.files, out.bytes) == (len(files), sum(map(len, files.values())))
+
+
+def test_a_bundle_larger_than_the_read_window_is_read_exactly(store: Store, tmp_path: Path) -> None:
+    """A bundle is decompressed a window at a time: files cut by a window's end, and a
+    file larger than a window, come out whole."""
+    rng = random.Random(7)
+    files = {f"many/{i:03d}.bin": rng.randbytes(rng.randrange(1, 9000)) for i in range(400)}
+    files["big/one.bin"] = rng.randbytes(2 * 1024 * 1024 + 12345)
+    files["big/two.bin"] = rng.randbytes(1024 * 1024 + 1)
+    p = store.create_project("large", files=files, executable=["many/007.bin"])
+    assert sum(map(len, files.values())) > 4 * 1024 * 1024
+    snap = store.create_snapshot(p.id, "head")
+    out = store.materialize(p.id, tmp_path / "dest", state="head")
+    assert out.path == "snapshot" and out.snapshot_id == snap.id
+    assert tree_on_disk(tmp_path / "dest") == expected_tree(files, {"many/007.bin"})
 
 
 def test_snapshots_are_never_truth(store: Store, store_factory: Any, tmp_path: Path) -> None:

@@ -12,10 +12,10 @@ root is no longer the state's). Deleting every snapshot loses nothing.
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import shutil
-from concurrent.futures import Future, ThreadPoolExecutor
 import tarfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -199,7 +199,7 @@ class Snapshots:
                 written = self._extract(raw, view, dest, progress)
                 return Materialized("snapshot", *written, view.root, snap.id, kind, source_id,
                                     view.characters, view.world_settings)
-            except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError, tarfile.TarError) as exc:
+            except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError) as exc:
                 self._mark(snap.id, SnapshotStatus.FAILED, error=f"unusable bundle: {exc}"[:2000])
                 _prepare(dest, replace=True)
         written = self._rebuild(view, dest, progress)
@@ -225,40 +225,39 @@ class Snapshots:
     def _extract(self, raw: bytes, view: View, dest: Path, progress: Progress | None) -> tuple[int, int]:
         """Write the bundle's files. The bundle is content-addressed (its digest was
         verified as it was read) and was built from this very root; still, every
-        member must be a file of the tree with its size, and every file of the tree
-        must be in it, or the bundle is not used (never a wrong tree)."""
+        member must be a regular file of the tree with its size, no file twice, and
+        every file of the tree must be in it, or ``IntegrityError`` is raised and the
+        bundle is not used (never a wrong tree). Modes come from the tree, never from
+        the bundle. Memory stays near one decompression window plus the largest file."""
         expected = {path: st for path, st in view.iter_files()}
         total = 0
-        with _Writer(dest, expected) as writer, \
-                zstandard.ZstdDecompressor().stream_reader(io.BytesIO(raw)) as z, \
-                tarfile.open(fileobj=z, mode="r|") as tar:
-            for member in tar:
-                st = expected.get(member.name)
-                if not member.isreg() or st is None or member.size != st.size:
-                    raise E.IntegrityError(f"bundle member {member.name[:200]!r} is not a file of the tree")
-                writer.write(member.name, tar.extractfile(member).read(), st.executable)  # type: ignore[union-attr]
-                total += member.size
-                if progress and writer.count % _CHUNK == 0:
-                    progress(writer.count, len(expected))
-            seen = writer.count
-        if seen != len(expected) or len(writer.written) != len(expected):
-            raise E.IntegrityError(f"bundle holds {seen} of the tree's {len(expected)} files")
+        writer = _Writer(dest, expected)
+        for path, data in _tar_members(raw, max((st.size for st in expected.values()), default=0)):
+            st = expected.get(path)
+            if st is None or data.nbytes != st.size:
+                raise E.IntegrityError(f"bundle member {path[:200]!r} is not a file of the tree")
+            writer.write(path, data, st.executable)
+            total += st.size
+            if progress and writer.count % _CHUNK == 0:
+                progress(writer.count, len(expected))
+        if writer.count != len(expected):
+            raise E.IntegrityError(f"bundle holds {writer.count} of the tree's {len(expected)} files")
         if progress:
-            progress(seen, len(expected))
-        return seen, total
+            progress(writer.count, len(expected))
+        return writer.count, total
 
     def _rebuild(self, view: View, dest: Path, progress: Progress | None) -> tuple[int, int]:
         self.packing.prefetch(view.root)
         files = list(view.iter_files())
         total = 0
-        with _Writer(dest, dict(files)) as writer:
-            for i, chunk in enumerate(_chunks(files)):
-                contents = self.b.objects.get_many([st.digest for _, st in chunk])
-                for path, st in chunk:
-                    writer.write(path, contents[st.digest], st.executable)
-                    total += st.size
-                if progress:
-                    progress(min((i + 1) * _CHUNK, len(files)), len(files))
+        writer = _Writer(dest, dict(files))
+        for i, chunk in enumerate(_chunks(files)):
+            contents = self.b.objects.get_many([st.digest for _, st in chunk])
+            for path, st in chunk:
+                writer.write(path, contents[st.digest], st.executable)
+                total += st.size
+            if progress:
+                progress(min((i + 1) * _CHUNK, len(files)), len(files))
         return len(files), total
 
 
@@ -283,54 +282,214 @@ def _prepare(dest: Path, replace: bool) -> None:
 
 
 class _Writer:
-    """Writes files below ``dest`` on a few threads (file creation waits on the file
-    system; the GIL is released meanwhile). Directories are made once, up front."""
+    """Writes files below ``dest`` (``O_NOFOLLOW``: never through a link), each with
+    its mode whatever the umask. Directories are made once, up front. It
+    writes on the calling thread: with many small files, extra writer threads only
+    contend for the GIL with the thread that produces the bytes."""
 
     def __init__(self, dest: Path, files: dict[str, Any]) -> None:
         self.dest = str(dest)
         self.count = 0
         self.written: set[str] = set()
-        self._pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-materialize")
-        self._pending: list[Future[None]] = []
         for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
             os.makedirs(os.path.join(self.dest, d), exist_ok=True)
+        self._chmod = not _creation_keeps_modes(self.dest)
 
-    def write(self, path: str, data: bytes, executable: bool) -> None:
+    def write(self, path: str, data: bytes | memoryview, executable: bool) -> None:
         if path in self.written:
             raise E.IntegrityError(f"{path!r} written twice")
         self.written.add(path)
         self.count += 1
-        self._pending.append(self._pool.submit(_write, os.path.join(self.dest, path), data, executable))
-        if len(self._pending) >= 512:
-            self._drain()
-
-    def _drain(self) -> None:
-        pending, self._pending = self._pending, []
-        for f in pending:
-            f.result()
-
-    def __enter__(self) -> "_Writer":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        try:
-            if exc[0] is None:
-                self._drain()
-        finally:
-            self._pool.shutdown(wait=True)
+        _write(os.path.join(self.dest, path), data, executable, self._chmod)
 
 
-def _write(target: str, data: bytes, executable: bool) -> None:
+def _write(target: str, data: bytes | memoryview, executable: bool, chmod: bool = True) -> None:
     mode = 0o755 if executable else 0o644
     fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
     try:
         _write_all(fd, data)
-        os.fchmod(fd, mode)  # the umask must not change a file's mode
+        if chmod:
+            os.fchmod(fd, mode)  # the umask must not change a file's mode
     finally:
         os.close(fd)
 
 
-def _write_all(fd: int, data: bytes) -> None:
+def _creation_keeps_modes(dest: str) -> bool:
+    """True when a file created below ``dest`` (in a directory made there) gets exactly
+    the mode 0o644 or 0o755 it is created with: the process umask clears none of those
+    bits and ``dest`` has no default ACL (which would stand in for the umask). False
+    whenever either cannot be told: every file is then chmod-ed (one journaled inode
+    update a file saved otherwise)."""
+    try:
+        with open("/proc/self/status", "rb") as status:
+            umask = next((int(line.split()[1], 8) for line in status if line.startswith(b"Umask:")), None)
+    except (OSError, ValueError, IndexError):
+        return False
+    if umask is None or umask & 0o755 or not hasattr(os, "getxattr"):
+        return False
+    try:
+        os.getxattr(dest, "system.posix_acl_default")
+    except OSError as exc:
+        return exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
+    return False
+
+
+def _write_all(fd: int, data: bytes | memoryview) -> None:
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
+
+
+# -- reading a bundle ---------------------------------------------------------------------------
+# A bundle is a POSIX tar (as ``_bundle`` writes it with tarfile's PAX format: a ustar
+# header per file, preceded by a PAX header when the path is long or not ASCII), zstd
+# compressed. ``_tar_members`` reads that format directly: ustar headers, PAX ``path``
+# and ``size`` records, GNU long names. Anything else (links, directories, global or
+# unknown extended headers, sparse files, base-256 numbers, a member cut short) raises
+# ``IntegrityError``: the bundle is then not used and the tree is rebuilt from the blobs.
+# Header checksums are not checked: the whole bundle was verified against its digest as
+# it was read, and every member is checked against the tree.
+_BLOCK = 512
+_WINDOW = 1024 * 1024  # decompressed bytes read at a time (more when a member is larger)
+_MAX_EXTENDED = 64 * 1024  # a PAX header or GNU long name of ours is a few hundred bytes
+_REGULAR = (b"0", b"\0")
+_USTAR, _GNU = b"ustar\x0000", b"ustar  \x00"  # magic and version: POSIX, GNU
+_ZERO_BLOCK = bytes(_BLOCK)
+_PAX_IGNORED = frozenset({"mtime", "atime", "ctime", "uid", "gid", "uname", "gname", "comment"})
+
+
+class _Decompressed:
+    """The decompressed bundle, read forward through one reused buffer (a fresh buffer
+    per window would cost a page fault per 4 KiB of the tree)."""
+
+    def __init__(self, raw: bytes) -> None:
+        self._reader = zstandard.ZstdDecompressor().stream_reader(raw)
+        self._buf = bytearray(_WINDOW)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0  # the bytes not taken yet: _buf[_start:_end]
+
+    def take(self, n: int) -> memoryview:
+        """The next ``n`` bytes (fewer only at the end of the data), valid until the
+        next ``take``."""
+        if self._end - self._start < n:
+            self._fill(n)
+        out = self._view[self._start:min(self._start + n, self._end)]
+        self._start += out.nbytes
+        return out
+
+    def _fill(self, n: int) -> None:
+        rest = self._end - self._start
+        if n > len(self._buf):  # a member larger than the window: a buffer that holds it
+            self._buf = bytearray(n)
+            self._buf[:rest] = self._view[self._start:self._end]
+            self._view = memoryview(self._buf)
+        else:
+            self._buf[:rest] = self._buf[self._start:self._end]
+        self._start, self._end = 0, rest
+        while self._end < n:
+            got = self._reader.readinto(self._view[self._end:])
+            if not got:
+                break
+            self._end += got
+
+
+def _tar_members(raw: bytes, max_size: int) -> Iterator[tuple[str, memoryview]]:
+    """(path, bytes) of each member of the zstd-compressed tar ``raw``, in order, up to
+    its end-of-archive block (or the end of the data); the bytes are a view that is
+    valid until the next member is read. Every member must be a regular
+    file of at most ``max_size`` bytes (checked before its bytes are read); see the
+    comment above for what else is refused (``IntegrityError``)."""
+    data = _Decompressed(raw)
+    pax: dict[str, str] | None = None  # the PAX header of the next member, if any
+    long_name: str | None = None  # the GNU long name of the next member, if any
+    while True:
+        header = data.take(_BLOCK)
+        if not header.nbytes:
+            break  # the data ends without an end-of-archive block, as tar tolerates
+        if header.nbytes < _BLOCK:
+            raise E.IntegrityError("bundle ends inside a tar header")
+        block = header.tobytes()
+        if block == _ZERO_BLOCK:
+            break  # end of archive
+        magic = block[257:265]
+        if magic not in (_USTAR, _GNU):
+            raise E.IntegrityError("bundle member has no ustar header")
+        kind = block[156:157]
+        size = _octal(block[124:136])
+        if kind == b"x" or kind == b"L":
+            if size > _MAX_EXTENDED or (pax if kind == b"x" else long_name) is not None:
+                raise E.IntegrityError("bundle has an unusual extended header")
+            body = _take_padded(data, size)
+            if kind == b"x":
+                pax = _pax_records(body.tobytes())
+            else:
+                long_name = _text(body.tobytes().split(b"\0", 1)[0])
+            continue
+        if kind not in _REGULAR:
+            raise E.IntegrityError(f"bundle member of type {kind!r} is not a regular file")
+        pax = pax or {}
+        if "path" in pax and long_name is not None:
+            raise E.IntegrityError("bundle member has two long names")
+        name = pax.get("path") or long_name
+        if name is None:
+            name = _text(block[:100].split(b"\0", 1)[0])
+            prefix = block[345:500].split(b"\0", 1)[0] if magic == _USTAR else b""
+            if prefix:
+                name = _text(prefix) + "/" + name
+        if "size" in pax:
+            size = _pax_size(pax["size"])
+        pax, long_name = None, None
+        if size > max_size:
+            raise E.IntegrityError(f"bundle member {name[:200]!r} is larger than any file of the tree")
+        yield name, _take_padded(data, size)
+
+
+def _take_padded(data: _Decompressed, size: int) -> memoryview:
+    padded = -(-size // _BLOCK) * _BLOCK
+    body = data.take(padded)
+    if body.nbytes < padded:
+        raise E.IntegrityError("bundle ends inside a member")
+    return body[:size]
+
+
+def _octal(field: bytes) -> int:
+    digits = field.split(b"\0", 1)[0].strip(b" ")
+    if not digits or digits.strip(b"01234567"):
+        raise E.IntegrityError(f"bundle header number {field!r} is not octal")
+    return int(digits, 8)
+
+
+def _text(raw: bytes) -> str:
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise E.IntegrityError("bundle member name is not UTF-8") from exc
+
+
+def _pax_records(raw: bytes) -> dict[str, str]:
+    """The records of a PAX extended header, each ``<length> <key>=<value>\\n`` (the
+    length counts the whole record); only ``path`` and ``size`` are honoured, keys that
+    say nothing about a file's bytes are ignored, any other one is refused."""
+    out: dict[str, str] = {}
+    pos = 0
+    while pos < len(raw):
+        space = raw.find(b" ", pos, pos + 21)
+        if space <= pos or not raw[pos:space].isdigit():
+            raise E.IntegrityError("bundle has a malformed PAX header")
+        end = pos + int(raw[pos:space])
+        key, eq, value = raw[space + 1:end - 1].partition(b"=")
+        if end <= space + 1 or end > len(raw) or raw[end - 1] != 0x0A or not eq:
+            raise E.IntegrityError("bundle has a malformed PAX header")
+        name = _text(key)
+        if name in ("path", "size") and value:
+            out[name] = _text(value)
+        elif name not in _PAX_IGNORED:
+            raise E.IntegrityError(f"bundle has a PAX record {name[:50]!r} it cannot honour")
+        pos = end
+    return out
+
+
+def _pax_size(value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise E.IntegrityError(f"bundle has a PAX size {value[:50]!r}")
+    return int(value)
