@@ -100,6 +100,11 @@ class Packing:
                     found.setdefault(r.tree, []).append(r)
         return found
 
+    def warm_up(self) -> None:
+        """Run the pack-row lookup once, for no tree: SQLAlchemy compiles it now, not
+        in the first search or cold read."""
+        self._rows_for([""])
+
     # -- planning ------------------------------------------------------------------------
     def plan(self, root: Digest, nodes: Mapping[str, dict[str, Entry]] | None = None) -> list[_Unit]:
         """The packs of the tree ``root`` that do not exist yet. ``nodes``: decoded

@@ -277,16 +277,16 @@ class View:
         if query is None:
             return None
         covered, _ = self._packing.covering(self.root, base)
+        covered = [c for c in covered if all(row.search_index for row in c.rows)]  # else: file by file
         found = self._packing.search_candidates((row for c in covered for row in c.rows), query)
         units: dict[str, tuple[str, set[str], dict[str, Digest]]] = {}
         for c in covered:
-            if any(not row.search_index for row in c.rows):
-                continue  # a part without an index: search that subtree file by file
-            listed: set[str] = set()
+            listed: set[str] = set()  # only a files pack's walk needs it (which files to skip)
             hits: dict[str, Digest] = {}
             for row in c.rows:
                 paths, mine = found[row.search_index]
-                listed |= paths
+                if c.kind == "files":
+                    listed |= paths
                 hits.update(mine)
             units[c.prefix] = (c.kind, listed, hits)
         return units or None
