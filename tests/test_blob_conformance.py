@@ -132,6 +132,21 @@ def test_get_many_returns_every_object_verified_and_fails_on_a_missing_one(blob_
         blob_store.get_many([digests[0], missing])
 
 
+def test_get_ranges_reads_byte_ranges_of_stored_objects_and_fails_on_a_missing_one(blob_store: BlobStore) -> None:
+    blobs = [os.urandom(5000 + i) for i in range(6)]
+    digests = blob_store.put_many(blobs)
+    blob_store.cache.clear()
+    ranges = [(d, 17 * i, 1000 + i) for i, d in enumerate(digests)] + [(digests[0], 4990, 100)]  # past the end
+    got = blob_store.get_ranges(ranges)
+    assert set(got) == set(ranges)
+    for (d, start, length), data in got.items():
+        assert data == blobs[digests.index(d)][start:start + length]
+    assert got[(digests[0], 4990, 100)] == blobs[0][4990:]  # cut short at the end
+    missing = digest_of(b"never stored " + os.urandom(8))
+    with pytest.raises(BlobNotFound):
+        blob_store.get_ranges([(digests[0], 0, 10), (missing, 0, 10)])
+
+
 def test_put_many_of_nothing_is_a_no_op(blob_store: BlobStore) -> None:
     assert blob_store.put_many([]) == []
     assert list(blob_store.iter_digests()) == []

@@ -8,13 +8,18 @@
   large caps; the same view with its index turned off (``view._packing = None``)
   is the oracle. Then again on a draft whose overlay writes, modifies and
   deletes files, once more after the turn ends (sealed, partly packed), and
-  after publishing it (the new version packed by ``run_background``);
+  after publishing it (the new version packed by ``run_background``); the index
+  shape is drawn too: the production format 2, format 2 with tiny limits (every
+  trigram in a shard, many frames, one ranged read per frame, one shard per
+  query), and old stores (format-1 packs and indexes, still read);
+- gc keeps every shard a live index names; fsck reports a missing one;
 - unit tests of ``required_trigrams`` on tricky patterns: whatever the pattern,
   a file that matches is never excluded by the index.
 """
 
 from __future__ import annotations
 
+import json
 import re
 from contextlib import ExitStack
 from collections.abc import Callable, Iterator
@@ -26,10 +31,16 @@ from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from draftstore import PatternInvalid, Settings, Store
+import sqlalchemy as sa
+import zstandard
+
 from draftstore import packing as packing_module
-from draftstore.digest import digest_of
+from draftstore import packs as packs_module
+from draftstore import searchindex as searchindex_module
+from draftstore.db.tables import PK
+from draftstore.digest import Digest, digest_of
 from draftstore.search import Searcher
-from draftstore.searchindex import SearchIndex, build_index, required_trigrams
+from draftstore.searchindex import IndexDirectory, SearchIndex, build_index, required_trigrams
 
 KELVIN = "\u212a"  # KELVIN SIGN: RE2 folds it with k and K
 LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
@@ -178,6 +189,41 @@ def pack_limits(limits: tuple[int, int, int]) -> ExitStack:
     return stack
 
 
+def encode_pack_v1(objects: Any) -> tuple[bytes, list[tuple[str, int, int]]]:
+    """A pack as format 1 wrote it (one zstd stream): what an old store holds."""
+    index, parts, seen, offset = [], [], set(), 0
+    for digest, data in objects:
+        if digest not in seen:
+            seen.add(digest)
+            index.append((digest, offset, len(data)))
+            parts.append(data)
+            offset += len(data)
+    header = json.dumps({"objects": index}, separators=(",", ":")).encode()
+    body = len(header).to_bytes(8, "big") + header + b"".join(parts)
+    return b"DSPACK1\n" + zstandard.ZstdCompressor(level=3).compress(body), index
+
+
+# how indexes are written: the production format 2; format 2 with tiny limits (no
+# inline posting list, a shard per trigram or two, a frame per object, a ranged read
+# per frame, one shard per query: every code path of a sharded index); format 1
+SHAPES = ["v2", "v2-tiny", "v1"]
+
+
+def index_shape(shape: str) -> ExitStack:
+    stack = ExitStack()
+    if shape == "v2-tiny":
+        for name, value in (("INLINE_BUDGET", 1), ("INLINE_MAX", 1), ("SHARD_POSTINGS", 2),
+                            ("MAX_SHARDS_PER_QUERY", 1)):
+            stack.enter_context(mock.patch.object(searchindex_module, name, value))
+        stack.enter_context(mock.patch.object(packs_module, "FRAME_BYTES", 1))
+        stack.enter_context(mock.patch.object(packs_module, "MERGE_GAP", 0))
+    elif shape == "v1":
+        stack.enter_context(mock.patch.object(packing_module, "encode_pack", encode_pack_v1))
+        stack.enter_context(mock.patch.object(
+            packing_module, "build_sharded_index", lambda files, locations: (build_index(files), [])))
+    return stack
+
+
 def assert_same_as_scan(store: Store, project_id: str, qs: list[dict[str, Any]], where: str) -> None:
     indexed_view = store.view(project_id)
     oracle = scan_view(store, project_id)
@@ -196,6 +242,7 @@ def assert_same_as_scan(store: Store, project_id: str, qs: list[dict[str, Any]],
 @given(
     corpus=corpora,
     limits=st.sampled_from(LIMITS),
+    shape=st.sampled_from(SHAPES),
     edits=st.dictionaries(
         st.tuples(st.sampled_from(DIRS), st.sampled_from(NEW_NAMES)).map("".join),
         st.one_of(st.none(), contents()), max_size=6),
@@ -203,7 +250,14 @@ def assert_same_as_scan(store: Store, project_id: str, qs: list[dict[str, Any]],
     data=st.data(),
 )
 def test_indexed_search_equals_a_full_scan(store: Store, corpus: dict[str, bytes], limits: tuple[int, int, int],
-                                           edits: dict[str, bytes | None], deletions: set[int], data: Any) -> None:
+                                           shape: str, edits: dict[str, bytes | None], deletions: set[int],
+                                           data: Any) -> None:
+    with index_shape(shape):
+        _indexed_search_equals_a_full_scan(store, corpus, limits, edits, deletions, data)
+
+
+def _indexed_search_equals_a_full_scan(store: Store, corpus: dict[str, bytes], limits: tuple[int, int, int],
+                                       edits: dict[str, bytes | None], deletions: set[int], data: Any) -> None:
     qs = data.draw(st.lists(queries(text_lines(corpus, edits)), min_size=6, max_size=10), label="queries")
     note(f"corpus={corpus!r}")
     note(f"limits={limits!r}")
@@ -211,6 +265,9 @@ def test_indexed_search_equals_a_full_scan(store: Store, corpus: dict[str, bytes
         p = store.create_project("prop", files=corpus)
     # the version: every subtree packed and indexed
     assert_same_as_scan(store, p.id, qs, "version")
+    store.cache.clear()
+    store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
+    assert_same_as_scan(store, p.id, qs, "version, read cold")  # indexes, shards and frames fetched anew
 
     # a draft whose overlay adds, modifies and deletes files (turn still running)
     existing = sorted(corpus)
@@ -256,6 +313,52 @@ def test_the_index_is_used_and_narrows_the_files_read(store: Store) -> None:
     assert lines(res) == [("d3/f7.txt", 1, "line needle here")]
     assert res.files_searched < 10  # the index named one candidate; a scan reads 100 files
     assert scan_view(store, p.id).search_code("needle").files_searched == 100
+
+
+def sharded_project(store: Store) -> tuple[Any, list[Any]]:
+    """A project written with tiny index limits: every trigram in a shard, a frame per file."""
+    files = {f"d{i}/f{j}.txt": f"line {i}-{j} common\n".encode() for i in range(3) for j in range(30)}
+    files["d1/f7.txt"] = b"line needle here\n"
+    with index_shape("v2-tiny"):
+        p = store.create_project("sharded", files=files)
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(PK).where(PK.c.search_index.is_not(None))).all()
+    return p, rows
+
+
+def test_a_cold_search_reads_the_directory_a_few_shards_and_the_candidates_frames_not_the_packs(
+        store: Store) -> None:
+    p, rows = sharded_project(store)
+    directory = IndexDirectory.decode(store.blobs.get(Digest(rows[0].search_index)))
+    query = required_trigrams("needle", False)
+    assert len(directory.shard_digest) > 10
+    assert 1 <= len(directory.shards_for(query)) <= searchindex_module.MAX_SHARDS_PER_QUERY < len(query[0])
+    store.cache.clear()
+    store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
+    with mock.patch.object(searchindex_module, "MAX_SHARDS_PER_QUERY", 1):
+        res = store.view(p.id).search_code("needle")
+    assert lines(res) == [("d1/f7.txt", 1, "line needle here")]
+    assert not any(store._b.objects.packs.has_pack(r.digest) for r in rows)  # no pack fetched whole
+    assert res.files_searched < 90
+
+
+def test_gc_keeps_the_shards_of_live_indexes_and_fsck_reports_a_missing_one(store_factory: Any) -> None:
+    store = store_factory(settings=Settings(gc_grace_s=0))
+    p, rows = sharded_project(store)
+    shards = {sh for r in rows for sh in IndexDirectory.decode(store.blobs.get(Digest(r.search_index))).shard_digest}
+    assert shards
+    stats = store.gc(dry_run=False)
+    assert not shards & set(stats.swept)
+    listed = {o.digest for o in store.blobs.iter_objects()}
+    assert shards <= listed
+    assert store.fsck().ok
+    cold = store_factory()
+    assert lines(cold.view(p.id).search_code("needle")) == [("d1/f7.txt", 1, "line needle here")]
+    gone = sorted(shards)[0]
+    store.blobs.delete(Digest(gone))
+    report = store_factory().fsck(verify_objects=False)
+    assert [(pr.kind, pr.key) for pr in report.problems] == [("missing", gone)]
+    assert "a shard of search index" in report.problems[0].detail
 
 
 def test_results_come_in_the_same_path_order_with_and_without_the_index(store: Store) -> None:

@@ -5,7 +5,8 @@ Checks, each reported precisely (which row, which key):
 - every tree a version, an open draft or a turn boundary names is complete:
   each node and each file resolves (stored alone or in a pack);
 - every overlay row, turn state, offloaded payload, snapshot bundle and pack
-  search index resolves;
+  search index resolves, and so does every shard a (format-2) search index
+  names; a search index that does not decode is reported malformed;
 - every stored object's content hashes to its key (``verify_objects``: reads
   everything once; the slow part);
 - every pack decodes, lists exactly the objects ``pack_object`` says it holds,
@@ -26,6 +27,7 @@ from .backends import Backends
 from .db.tables import C, D, PK, PO, S, T, TC, V
 from .digest import EMPTY_TREE, Digest
 from .packs import Pack
+from .searchindex import IndexDirectory, decode_index
 
 __all__ = ["Problem", "FsckReport", "Checker"]
 
@@ -96,6 +98,8 @@ class Checker:
                 self._pack(r, members.get(r.digest, set()), report)
             if r.search_index and r.search_index not in listed:
                 report.problems.append(Problem("missing", where, r.search_index, "its search index"))
+            elif r.search_index:
+                self._index(r.search_index, where, listed, report)
         if verify_objects:
             keys = list(listed)
             for i in range(0, len(keys), 64):
@@ -182,6 +186,28 @@ class Checker:
                     if not have(e.digest):
                         label = f"{at}{name}" if at.endswith("/") else f"{at} > {name}"
                         report.problems.append(Problem("missing", label, e.digest, "file"))
+
+    def _index(self, digest: str, where: str, listed: dict[str, int], report: FsckReport) -> None:
+        """A search index decodes (either format) and every shard it names is stored."""
+        try:
+            raw = self.b.blobs.get(Digest(digest))
+            idx = decode_index(raw)
+            shards = idx.shard_digest if isinstance(idx, IndexDirectory) else []
+        except E.ChecksumMismatch as exc:
+            report.problems.append(Problem("corrupt", where, digest, exc.message))
+            return
+        except E.BlobNotFound:
+            report.problems.append(Problem("missing", where, digest, "its search index"))
+            return
+        except E.IntegrityError as exc:
+            report.problems.append(Problem("malformed", where, digest, exc.message))
+            return
+        finally:
+            self.b.cache.discard(digest)
+        for shard in shards:
+            report.references_checked += 1
+            if shard not in listed:
+                report.problems.append(Problem("missing", where, shard, f"a shard of search index {digest[:12]}"))
 
     def _pack(self, row: Any, expected: set[str], report: FsckReport) -> None:
         where = f"pack row {row.tree[:12]}/{row.kind}/{row.part}"

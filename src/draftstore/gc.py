@@ -6,7 +6,8 @@ roots, boundary states and offloaded tool payloads (a running turn's always);
 every snapshot bundle not marked failed. Marking walks the trees once
 (shared subtrees are visited once) and adds every node and file. A pack is
 kept while any object inside it is marked (so an object stored only in a pack
-is never lost), with its search index.
+is never lost), with its search index and the shards that index names
+(a format-2 index: its directory is read to find them).
 
 Sweeping lists the blob store and deletes what is neither marked nor younger
 than the grace period (``gc_grace_s``, one hour by default): an object written
@@ -35,11 +36,13 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from . import errors as E
 from . import faults
 from .backends import Backends
 from .db.tables import C, D, P, PK, PO, S, T, TC, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .records import SnapshotStatus, TurnStatus, aware
+from .searchindex import index_shards
 
 __all__ = ["Collector", "GCStats", "Retention"]
 
@@ -150,15 +153,42 @@ class Collector:
             rows = conn.execute(sa.select(PK)).all()
         keep: set[str] = set()
         drop: list[Any] = []
+        indexes: list[str] = []
         for r in rows:
             young = aware(r.created_at) > grace_cutoff  # type: ignore[operator]
             if members.get(r.digest) or young or (r.kind == "spine" and r.tree in marked):
                 keep.add(r.digest)
                 if r.search_index:
                     keep.add(r.search_index)
+                    indexes.append(r.search_index)
             else:
                 drop.append(r)
+        keep |= self._index_shards(indexes)
         return keep, drop
+
+    def _index_shards(self, indexes: list[str]) -> set[str]:
+        """The shards the kept search indexes name. An index that is missing or
+        unreadable keeps nothing more (its pack's search falls back; fsck reports it)."""
+        out: set[str] = set()
+        todo = list(dict.fromkeys(indexes))
+        for i in range(0, len(todo), 64):
+            chunk = [Digest(d) for d in todo[i:i + 64]]
+            try:
+                got = self.b.blobs.get_many(chunk)
+            except (E.BlobNotFound, E.ChecksumMismatch):
+                got = {}
+                for d in chunk:
+                    try:
+                        got[d] = self.b.blobs.get(d)
+                    except (E.BlobNotFound, E.ChecksumMismatch):
+                        continue
+            for d, raw in got.items():
+                try:
+                    out.update(index_shards(raw))
+                except E.IntegrityError:
+                    log.warning("search index %s is malformed: its shards are not kept", d[:12])
+                self.b.cache.discard(d)
+        return out
 
     # -- the whole run ------------------------------------------------------------------------
     def run(self, dry_run: bool = True, progress: Progress | None = None) -> GCStats:

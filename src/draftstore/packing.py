@@ -17,7 +17,7 @@ only after every object they name is stored.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,8 +27,8 @@ from . import faults
 from .backends import Backends
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
-from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, encode_pack
-from .searchindex import SearchIndex, build_index
+from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, FrameLocation, encode_pack, frame_locations
+from .searchindex import IndexDirectory, IndexShard, Query, SearchIndex, build_sharded_index, decode_index
 from .trees import Entry, encode_tree
 
 __all__ = ["Packing", "PackStats", "Covered"]
@@ -99,6 +99,11 @@ class Packing:
                 for r in conn.execute(sa.select(PK).where(PK.c.tree.in_(trees[i:i + _CHUNK]))).all():
                     found.setdefault(r.tree, []).append(r)
         return found
+
+    def warm_up(self) -> None:
+        """Run the pack-row lookup once, for no tree: SQLAlchemy compiles it now, not
+        in the first search or cold read."""
+        self._rows_for([""])
 
     # -- planning ------------------------------------------------------------------------
     def plan(self, root: Digest, nodes: Mapping[str, dict[str, Entry]] | None = None) -> list[_Unit]:
@@ -182,9 +187,12 @@ class Packing:
         index_digest = None
         stored = len(raw)
         if unit.kind != "spine":
-            idx = build_index([(rel, e.digest, content[e.digest]) for rel, e in everything])
-            index_digest = self.b.blobs.put(idx)
-            stored += len(idx)
+            directory, shards = build_sharded_index([(rel, e.digest, content[e.digest]) for rel, e in everything],
+                                                    frame_locations(raw))
+            if shards:  # before the directory that names them
+                self.b.blobs.put_many(shards)
+            index_digest = self.b.blobs.put(directory)
+            stored += len(directory) + sum(map(len, shards))
         pack = self.b.blobs.put(raw)
         faults.point("pack.after_upload")
         # another process may write the same pack at the same time (same bytes, same digest): first one wins
@@ -264,20 +272,62 @@ class Packing:
         self.b.objects.load_packs(packs)
         return len(packs)
 
-    def indexes(self, digests: Iterable[str]) -> dict[str, SearchIndex]:
-        """Search index objects, decoded; the ones not in memory are fetched in
-        parallel (an index never changes, so a decoded one is kept in the cache)."""
-        out: dict[str, SearchIndex] = {}
+    def indexes(self, digests: Iterable[str]) -> dict[str, SearchIndex | IndexDirectory]:
+        """Search index objects (either format: a format-2 directory without its
+        shards), decoded; the ones not in memory are fetched in parallel (an index
+        never changes, so a decoded one is kept in the cache)."""
+        return self._decoded("index:", digests, lambda d, raw: decode_index(raw))
+
+    def _decoded(self, kind: str, digests: Iterable[str], decode: Callable[[str, bytes], Any]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
         todo: list[Digest] = []
         for d in dict.fromkeys(digests):
-            idx = self.b.cache.get("index:" + d)
-            if idx is None:
+            obj = self.b.cache.get(kind + d)
+            if obj is None:
                 todo.append(Digest(d))
             else:
-                out[d] = idx
+                out[d] = obj
         for d, raw in (self.b.blobs.get_many(todo).items() if todo else ()):
-            idx = SearchIndex.decode(raw)
-            self.b.cache.add("index:" + d, idx, idx.size)
+            obj = decode(d, raw)
+            self.b.cache.add(kind + d, obj, obj.size)
             self.b.cache.discard(d)  # the raw bytes are not needed twice
-            out[d] = idx
+            out[d] = obj
+        return out
+
+    def search_candidates(self, rows: Iterable[Any], query: Query) -> dict[str, tuple[Set[str], dict[str, Digest]]]:
+        """For each pack row with a search index, by index digest: (every relative
+        path the index lists, {relative path: digest} of the files that may match
+        ``query``: a superset of the listed files that match).
+
+        The indexes are read in parallel; a format-2 index reads its directory,
+        then the few shards the query needs, then the frames of the pack that
+        hold its candidates (one ranged read each, checked against the frame's
+        hash), so the candidates' contents are in the object cache afterwards."""
+        rows = [r for r in rows if r.search_index]
+        decoded = self.indexes(r.search_index for r in rows)
+        need = {sh: idx.width for idx in decoded.values() if isinstance(idx, IndexDirectory)
+                for sh in idx.shards_for(query)}
+        shards = self._decoded("ixshard:", need, lambda d, raw: IndexShard.decode(raw, need[d]))
+        out: dict[str, tuple[Set[str], dict[str, Digest]]] = {}
+        frames: list[tuple[str, FrameLocation]] = []
+        pending: list[tuple[str, str]] = []  # (index digest, relative path) of each entry of frames
+        for r in rows:
+            idx = decoded[r.search_index]
+            if isinstance(idx, SearchIndex):
+                files = dict(idx.files)
+                out[r.search_index] = (set(files), {rel: Digest(files[rel]) for rel in idx.candidates(query)})
+                continue
+            hits: dict[str, Digest] = {}
+            for i in idx.candidates(query, shards):
+                loc = idx.location(i)
+                if isinstance(loc, str):
+                    hits[idx.paths[i]] = Digest(loc)
+                else:
+                    frames.append((r.digest, loc))
+                    pending.append((r.search_index, idx.paths[i]))
+            out[r.search_index] = (idx.listed(), hits)
+        if frames:
+            got = self.b.objects.read_frames(frames)
+            for key, (index_digest, rel) in zip(frames, pending):
+                out[index_digest][1][rel] = got[key]
         return out

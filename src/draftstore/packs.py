@@ -10,10 +10,23 @@ tree, and a large directory's own files get a *files* pack. A pack over
 single objects.
 
 Format (the whole object is content-addressed and verified on read like any
-blob)::
+blob). Packs are written in format 2; format 1 packs are still read::
 
-    b"DSPACK1\\n" + zstd(len(header) as 8 bytes big-endian + header JSON + objects)
-    header: {"objects": [[digest, offset, length], ...]}   offsets into the objects part
+    2: b"DSPACK2\\n" + len(zheader) as 8 bytes big-endian + zheader + frame + frame + ...
+       zheader = zstd(header JSON)
+       header: {"objects": [[digest, offset, length], ...], "frames": [[offset, length, stored, hash], ...]}
+    1: b"DSPACK1\\n" + zstd(len(header) as 8 bytes big-endian + header JSON + objects)
+       header: {"objects": [[digest, offset, length], ...]}
+
+Offsets and lengths are into the *objects part* (every object's bytes, in
+order). In format 2 the objects part is cut, at object boundaries, into
+frames of about ``FRAME_BYTES``, each its own zstd frame stored back to back
+after the header: frame ``[offset, length]`` of the objects part, ``stored``
+bytes in the object, ``hash`` the digest of those stored bytes. A reader that
+knows where a frame is (a search index records it for each file) can fetch
+that one frame with a range read and check it against its hash, instead of
+fetching and decompressing the whole pack (``frame_locations``,
+``PackedObjects.read_frames``).
 
 Every object taken from a pack is re-hashed against its digest. The database
 records each pack (``pack``: the subtree it covers) and where every object
@@ -38,19 +51,24 @@ from .blobs import BlobStore, ObjectCache
 from .digest import Digest, digest_of
 from .errors import BlobNotFound, ChecksumMismatch, IntegrityError
 
-__all__ = ["MAX_PACK_FILES", "MAX_PACK_BYTES", "MAX_PACKED_FILE", "encode_pack", "Pack", "PackedObjects"]
+__all__ = ["MAX_PACK_FILES", "MAX_PACK_BYTES", "MAX_PACKED_FILE", "FRAME_BYTES", "encode_pack", "Pack",
+           "PackedObjects", "FrameLocation", "frame_locations", "open_frame"]
 
 MAX_PACK_FILES = 4000
 MAX_PACK_BYTES = 8 * 1024 * 1024
 MAX_PACKED_FILE = 1024 * 1024
 _MAGIC = b"DSPACK1\n"
+_MAGIC2 = b"DSPACK2\n"
+MERGE_GAP = 1024 * 1024  # frames of one pack closer than this are read in one ranged read
+FRAME_BYTES = 64 * 1024  # objects part per frame (cut at object boundaries): ~10% larger than one stream
 _LEVEL = 3  # zstd: fast to write, ~3-4x smaller for source code
 
 Location = tuple[str, int, int]  # (pack digest, offset, length)
 
 
 def encode_pack(objects: Iterable[tuple[Digest, bytes]]) -> tuple[bytes, list[tuple[Digest, int, int]]]:
-    """The bytes of a pack of ``objects`` (duplicates kept once) and each object's (digest, offset, length)."""
+    """The bytes of a pack (format 2) of ``objects`` (duplicates kept once) and each
+    object's (digest, offset, length) in the objects part."""
     index: list[tuple[Digest, int, int]] = []
     parts: list[bytes] = []
     seen: set[str] = set()
@@ -62,9 +80,86 @@ def encode_pack(objects: Iterable[tuple[Digest, bytes]]) -> tuple[bytes, list[tu
         index.append((digest, offset, len(data)))
         parts.append(data)
         offset += len(data)
-    header = json.dumps({"objects": index}, separators=(",", ":")).encode()
-    body = len(header).to_bytes(8, "big") + header + b"".join(parts)
-    return _MAGIC + zstandard.ZstdCompressor(level=_LEVEL).compress(body), index
+    cctx = zstandard.ZstdCompressor(level=_LEVEL)
+    frames: list[list[Any]] = []
+    stored: list[bytes] = []
+    start = i = 0
+    while i < len(parts):
+        j, size = i, 0
+        while j < len(parts) and (size < FRAME_BYTES or j == i):
+            size += len(parts[j])
+            j += 1
+        z = cctx.compress(b"".join(parts[i:j]))
+        frames.append([start, size, len(z), digest_of(z)])
+        stored.append(z)
+        start += size
+        i = j
+    zheader = cctx.compress(json.dumps({"objects": index, "frames": frames}, separators=(",", ":")).encode())
+    return b"".join([_MAGIC2, len(zheader).to_bytes(8, "big"), zheader, *stored]), index
+
+
+@dataclass(frozen=True)
+class FrameLocation:
+    """Where one object of a format-2 pack is: the frame holding it (``start``,
+    ``stored`` bytes into the pack object, ``hash`` of those bytes, ``raw`` bytes
+    once decompressed) and the object's ``offset`` and ``length`` inside it."""
+
+    start: int
+    stored: int
+    hash: str
+    raw: int
+    offset: int
+    length: int
+
+
+def frame_locations(raw: bytes) -> dict[str, FrameLocation]:
+    """digest -> FrameLocation for every object of a format-2 pack (empty for format 1).
+    Raises ``IntegrityError`` if the pack is malformed."""
+    if not raw.startswith(_MAGIC2):
+        return {}
+    header, base = _header2("", raw)
+    frames = header["frames"]
+    starts: list[int] = []
+    pos = base
+    for f in frames:
+        starts.append(pos)
+        pos += f[2]
+    out: dict[str, FrameLocation] = {}
+    k = 0
+    for digest, off, length in header["objects"]:
+        while k + 1 < len(frames) and off >= frames[k][0] + frames[k][1]:  # (an empty object: the frame it ends)
+            k += 1
+        f = frames[k]
+        out[digest] = FrameLocation(starts[k], f[2], f[3], f[1], off - f[0], length)
+    return out
+
+
+def open_frame(stored: bytes, loc: FrameLocation) -> bytes:
+    """The decompressed bytes of the frame ``loc`` is in, from its stored bytes, after
+    checking them against the frame's hash. Raises ``ChecksumMismatch`` or ``IntegrityError``."""
+    if digest_of(stored) != loc.hash:
+        raise ChecksumMismatch(f"pack frame {loc.hash[:12]} is corrupt", digest=loc.hash)
+    try:
+        data = zstandard.ZstdDecompressor().decompress(stored, max_output_size=loc.raw)
+    except zstandard.ZstdError as exc:
+        raise IntegrityError(f"pack frame {loc.hash[:12]} is malformed: {exc}", digest=loc.hash) from exc
+    if len(data) != loc.raw:
+        raise IntegrityError(f"pack frame {loc.hash[:12]} is not as long as recorded", digest=loc.hash)
+    return data
+
+
+def _header2(digest: str, raw: bytes) -> tuple[dict[str, Any], int]:
+    """A format-2 pack's header and where its first frame starts."""
+    try:
+        n = int.from_bytes(raw[len(_MAGIC2):len(_MAGIC2) + 8], "big")
+        base = len(_MAGIC2) + 8 + n
+        header = json.loads(zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC2) + 8:base],
+                                                                     max_output_size=1 << 30))
+        if not isinstance(header, dict) or not isinstance(header.get("frames"), list):
+            raise ValueError("no frame table")
+        return header, base
+    except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
+        raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
 
 
 @dataclass
@@ -81,6 +176,19 @@ class Pack:
 
     @classmethod
     def decode(cls, digest: str, raw: bytes) -> "Pack":
+        """A pack of either format. Raises ``IntegrityError`` if it is malformed."""
+        if raw.startswith(_MAGIC2):
+            header, pos = _header2(digest, raw)
+            try:
+                dctx = zstandard.ZstdDecompressor()
+                chunks: list[bytes] = []
+                for _, length, stored, _ in header["frames"]:
+                    chunks.append(dctx.decompress(raw[pos:pos + stored], max_output_size=length))
+                    pos += stored
+                objects = {d: (off, length) for d, off, length in header["objects"]}
+            except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
+                raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
+            return cls(digest, objects, b"".join(chunks))
         if not raw.startswith(_MAGIC):
             raise IntegrityError(f"object {digest[:12]} is not a pack", digest=digest)
         try:
@@ -177,12 +285,62 @@ class PackedObjects:
     def close(self) -> None:
         self.raw.close()
 
+    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]:
+        return self.raw.get_ranges(ranges)
+
     def has(self, digest: Digest) -> bool:
         digest = Digest(digest)
         return (digest in self.cache or self.packs.holder(digest) is not None or bool(self._locate([digest]))
                 or self.raw.has(digest))
 
     # -- reads ------------------------------------------------------------------------------
+    def read_frames(self, wanted: Iterable[tuple[str, FrameLocation]]) -> dict[tuple[str, FrameLocation], Digest]:
+        """Objects of format-2 packs read frame by frame: for ``(pack digest, location)``
+        pairs, the digest of the object there. An object read before (and still in
+        the object cache) costs nothing; the others take one ranged read per run
+        of nearby frames of a pack (``MERGE_GAP``; the reads in parallel), each
+        frame checked against its hash, and go to the object cache. Raises ``blob.not_found``, ``blob.checksum_mismatch``,
+        ``IntegrityError``."""
+        out: dict[tuple[str, FrameLocation], Digest] = {}
+        by_frame: dict[tuple[str, int, int], list[FrameLocation]] = {}
+        for pack, loc in dict.fromkeys(wanted):
+            known = self.cache.get(f"at:{pack}:{loc.start}:{loc.offset}")
+            if known is not None and known in self.cache:
+                out[(pack, loc)] = known
+            else:
+                by_frame.setdefault((pack, loc.start, loc.stored), []).append(loc)
+        if not by_frame:
+            return out
+        # one ranged read per run of frames less than MERGE_GAP apart: on a store where
+        # a request costs far more than a few hundred KB of bytes, fewer reads win
+        spans: list[tuple[str, int, int]] = []
+        members: list[list[tuple[str, int, int]]] = []  # the frames each span holds
+        for frame in sorted(by_frame):
+            pack, start, size = frame
+            if spans and spans[-1][0] == pack and start - (spans[-1][1] + spans[-1][2]) <= MERGE_GAP:
+                _, s0, n = spans[-1]
+                spans[-1] = (pack, s0, max(start + size, s0 + n) - s0)
+                members[-1].append(frame)
+            else:
+                spans.append(frame)
+                members.append([frame])
+        got = self.raw.get_ranges(spans)
+        span_of = {frame: span for span, held in zip(spans, members) for frame in held}
+        for (pack, start, size), locs in by_frame.items():
+            span = span_of[(pack, start, size)]
+            s0 = span[1]
+            body = open_frame(got[span][start - s0:start - s0 + size], locs[0])
+            for loc in locs:
+                data = body[loc.offset:loc.offset + loc.length]
+                if len(data) != loc.length:
+                    raise IntegrityError(f"pack frame {loc.hash[:12]} does not hold the object it should",
+                                         digest=loc.hash)
+                d = digest_of(data)
+                self.cache.add(d, data)
+                self.cache.add(f"at:{pack}:{loc.start}:{loc.offset}", d, 200)
+                out[(pack, loc)] = d
+        return out
+
     def load_packs(self, digests: Iterable[str]) -> None:
         """Fetch and decode these packs (in parallel) unless already in memory."""
         todo = [d for d in dict.fromkeys(digests) if not self.packs.has_pack(d)]

@@ -6,8 +6,31 @@ trigrams every match must contain (``required``) and gets the files that
 hold them all: a superset of the files that match, which the exact matcher
 then confirms. Lowercasing (ASCII) makes one index serve case-sensitive and
 case-insensitive searches; it can only add candidates, never lose one.
+Using only *some* of the required trigrams also only adds candidates: a
+query may leave out trigrams whose posting lists it would have to fetch.
 
-Format (content-addressed like any object)::
+Format 2 (written now; ``build_sharded_index``): a small *directory* object
+plus *shard* objects, each content-addressed on its own, so a first query
+fetches only the directory and at most ``MAX_SHARDS_PER_QUERY`` shards::
+
+    directory: b"DSIDX2\\n" + zstd(8-byte header length + header JSON
+                                    + inline keys + inline offsets + inline postings
+                                    + per file: frame (int32, -1: stored alone), offset, length (uint32))
+    header: {"files": [relative path, ...], "width": 2 or 4, "n": inline trigram count,
+             "frames": [[start, stored, hash, raw], ...],     frames of the index's pack
+             "loose": {ordinal: digest},                      files stored alone
+             "shards": [[first trigram, digest, postings], ...]}
+    shard:     b"DSIXS2\\n" + zstd(8-byte trigram count + keys + offsets + postings)
+
+The rarest trigrams (at most ``INLINE_MAX`` files each, ``INLINE_BUDGET``
+postings in all) are *inline* in the directory; every other trigram is in
+exactly one shard, the shards covering consecutive trigram ranges of about
+``SHARD_POSTINGS`` postings (a trigram with more is a shard alone). Each file
+is located by the frame of the pack that holds it (``packs.FrameLocation``),
+so a candidate's content is one ranged read of a frame checked against its
+hash, not the whole pack.
+
+Format 1 (still read; ``build_index``, ``SearchIndex``)::
 
     b"DSIDX1\\n" + zstd(8-byte header length + header JSON + trigrams + offsets + postings)
     header: {"files": [[relative path, digest], ...], "n": trigram count, "width": 2 or 4}
@@ -17,6 +40,7 @@ Format (content-addressed like any object)::
 
 from __future__ import annotations
 
+import bisect
 import json
 import re
 from dataclasses import dataclass
@@ -26,6 +50,7 @@ import numpy as np
 import zstandard
 
 from .errors import IntegrityError
+from .packs import FrameLocation
 
 try:  # the parser behind ``re`` (Python 3.11+ names; ``sre_parse`` is its deprecated alias)
     from re import _constants as sre_constants  # type: ignore[attr-defined]
@@ -34,9 +59,16 @@ except ImportError:  # pragma: no cover
     import sre_constants  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
-__all__ = ["build_index", "SearchIndex", "required_trigrams", "Query"]
+__all__ = ["build_index", "build_sharded_index", "decode_index", "index_shards", "SearchIndex", "IndexDirectory", "IndexShard",
+           "required_trigrams", "Query", "INLINE_MAX", "INLINE_BUDGET", "SHARD_POSTINGS", "MAX_SHARDS_PER_QUERY"]
 
 _MAGIC = b"DSIDX1\n"
+_MAGIC2 = b"DSIDX2\n"
+_SHARD_MAGIC = b"DSIXS2\n"
+INLINE_MAX = 64  # a trigram in at most this many files may be inline in the directory
+INLINE_BUDGET = 4096  # inline postings per directory, rarest trigrams first (keeps the directory small)
+SHARD_POSTINGS = 32768  # postings per shard (a trigram with more is a shard alone)
+MAX_SHARDS_PER_QUERY = 2  # shards one query alternative fetches at most (the smallest)
 _SNIFF = 8192  # a file with a NUL in its first 8 KiB is binary (the search skips it)
 
 # A query: alternatives (OR) of trigram sets (AND). None: no filter (every file is a candidate).
@@ -71,10 +103,9 @@ def _pairs(texts: list[bytes], first: int) -> tuple[np.ndarray, np.ndarray]:
     return (keys & 0xFFFFFF).astype(np.uint32), ((keys >> 24) + first).astype(np.uint32)
 
 
-def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
-    """The index of ``files`` (relative path, digest, content). A binary file is
-    listed with no trigrams: the search skips it, so it is never a candidate."""
-    listed = [[path, digest] for path, digest, _ in files]
+def _table(files: list[tuple[str, str, bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sorted distinct trigrams, offsets into the postings, postings: file ordinals
+    ascending within each trigram). A binary file contributes no trigram."""
     grams: list[np.ndarray] = []
     owners: list[np.ndarray] = []
     batch: list[bytes] = []
@@ -101,12 +132,90 @@ def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
     else:
         keys = o = np.empty(0, dtype=np.uint32)
         starts = np.empty(0, dtype=np.int64)
-    offsets = np.append(starts, len(o)).astype(np.uint32)
+    return keys.astype(np.uint32), np.append(starts, len(o)).astype(np.uint32), o
+
+
+def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
+    """The format-1 index of ``files`` (relative path, digest, content): one object.
+    Kept for reading and testing old stores; new packs get ``build_sharded_index``."""
+    listed = [[path, digest] for path, digest, _ in files]
+    keys, offsets, o = _table(files)
     width = 2 if len(listed) < 65536 else 4
     header = json.dumps({"files": listed, "n": int(len(keys)), "width": width}, separators=(",", ":")).encode()
-    body = b"".join([len(header).to_bytes(8, "big"), header, keys.astype(np.uint32).tobytes(), offsets.tobytes(),
+    body = b"".join([len(header).to_bytes(8, "big"), header, keys.tobytes(), offsets.tobytes(),
                      o.astype(np.uint16 if width == 2 else np.uint32).tobytes()])
     return _MAGIC + zstandard.ZstdCompressor(level=3).compress(body)
+
+
+def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str, FrameLocation], *,
+                        inline_max: int | None = None, inline_budget: int | None = None,
+                        shard_postings: int | None = None) -> tuple[bytes, list[bytes]]:
+    """The format-2 index of ``files`` (relative path, digest, content): (directory,
+    shards). ``locations``: where each packed file's object is in the index's pack
+    (``packs.frame_locations``); a file not there is recorded by digest (stored alone).
+    Store the shards before the directory that names them."""
+    from .digest import digest_of
+
+    inline_max = INLINE_MAX if inline_max is None else inline_max
+    inline_budget = INLINE_BUDGET if inline_budget is None else inline_budget
+    shard_postings = SHARD_POSTINGS if shard_postings is None else shard_postings
+    keys, offsets, o = _table(files)
+    width = 2 if len(files) < 65536 else 4
+    ptype = np.uint16 if width == 2 else np.uint32
+    counts = np.diff(offsets.astype(np.int64))
+    # inline: the rarest trigrams first, while the budget lasts
+    inline = np.zeros(len(keys), dtype=bool)
+    order = np.argsort(counts, kind="stable")
+    order = order[counts[order] <= inline_max]
+    taken = order[np.cumsum(counts[order]) <= inline_budget]
+    inline[taken] = True
+
+    def part(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        idx = np.flatnonzero(mask)
+        lens = counts[idx]
+        if len(idx):
+            post = np.concatenate([o[offsets[i]:offsets[i + 1]] for i in idx])
+        else:
+            post = np.empty(0, dtype=np.uint32)
+        return keys[idx], np.append(0, np.cumsum(lens)).astype(np.uint32), post.astype(ptype)
+
+    cctx = zstandard.ZstdCompressor(level=3)
+    rest = np.flatnonzero(~inline)
+    shards: list[bytes] = []
+    table: list[list[Any]] = []
+    i = 0
+    while i < len(rest):
+        j, n = i, 0
+        while j < len(rest) and (n < shard_postings or j == i):
+            n += int(counts[rest[j]])
+            j += 1
+        mask = np.zeros(len(keys), dtype=bool)
+        mask[rest[i:j]] = True
+        k, off, post = part(mask)
+        raw = _SHARD_MAGIC + cctx.compress(b"".join([len(k).to_bytes(8, "big"), k.tobytes(), off.tobytes(),
+                                                     post.tobytes()]))
+        shards.append(raw)
+        table.append([int(keys[rest[i]]), digest_of(raw), n])
+        i = j
+    frames: dict[tuple[int, int, str, int], int] = {}
+    where = np.full(len(files), -1, dtype=np.int32)
+    offs = np.zeros(len(files), dtype=np.uint32)
+    lens = np.zeros(len(files), dtype=np.uint32)
+    loose: dict[str, str] = {}
+    for n_, (_, digest, _) in enumerate(files):
+        loc = locations.get(digest)
+        if loc is None:
+            loose[str(n_)] = digest
+            continue
+        where[n_] = frames.setdefault((loc.start, loc.stored, loc.hash, loc.raw), len(frames))
+        offs[n_], lens[n_] = loc.offset, loc.length
+    k, off, post = part(inline)
+    header = json.dumps({"files": [path for path, _, _ in files], "width": width, "n": int(len(k)),
+                         "frames": [list(f) for f in frames], "loose": loose, "shards": table},
+                        separators=(",", ":")).encode()
+    body = b"".join([len(header).to_bytes(8, "big"), header, k.tobytes(), off.tobytes(), post.tobytes(),
+                     where.tobytes(), offs.tobytes(), lens.tobytes()])
+    return _MAGIC2 + cctx.compress(body), shards
 
 
 @dataclass
@@ -164,6 +273,202 @@ class SearchIndex:
                 return self.listed()
             hits.update(int(i) for i in found)
         return {self.files[i][0] for i in hits}
+
+
+def _postings(table: tuple[np.ndarray, np.ndarray, np.ndarray], trigram: int) -> np.ndarray | None:
+    """The posting list of ``trigram`` in a (keys, offsets, postings) table, None if absent."""
+    keys, offsets, postings = table
+    i = int(np.searchsorted(keys, trigram))
+    if i == len(keys) or int(keys[i]) != trigram:
+        return None
+    return postings[offsets[i]:offsets[i + 1]]
+
+
+@dataclass
+class IndexShard:
+    """One shard of a format-2 index: the posting lists of a range of trigrams."""
+
+    table: tuple[np.ndarray, np.ndarray, np.ndarray]
+
+    @classmethod
+    def decode(cls, raw: bytes, width: int) -> "IndexShard":
+        if not raw.startswith(_SHARD_MAGIC):
+            raise IntegrityError("object is not a search index shard")
+        try:
+            body = zstandard.ZstdDecompressor().decompress(raw[len(_SHARD_MAGIC):], max_output_size=1 << 32)
+            k = int.from_bytes(body[:8], "big")
+            keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=8)
+            offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=8 + 4 * k)
+            postings = np.frombuffer(body, dtype=np.uint16 if width == 2 else np.uint32, offset=12 + 8 * k)
+            if k and int(offsets[-1]) != len(postings):
+                raise ValueError("postings do not match the offsets")
+        except (zstandard.ZstdError, ValueError, TypeError) as exc:
+            raise IntegrityError(f"malformed search index shard: {exc}") from exc
+        return cls((keys, offsets, postings))
+
+    @property
+    def size(self) -> int:
+        return sum(a.nbytes for a in self.table) + 100
+
+
+@dataclass
+class IndexDirectory:
+    """A format-2 index's directory: the files, where each one is, the inline
+    posting lists, and which shard holds every other trigram (module docstring).
+
+    Guarantees: ``candidates(query, shards)`` is a superset of the listed files
+    holding every trigram of some alternative of ``query``, given the shards
+    ``shards_for(query)`` names (missing shards raise ``IntegrityError``)."""
+
+    paths: list[str]
+    width: int
+    inline: tuple[np.ndarray, np.ndarray, np.ndarray]
+    frames: list[tuple[int, int, str, int]]  # (start, stored, hash, raw) in the index's pack
+    where: np.ndarray  # per file: frame number, -1 when the file is stored alone
+    offsets: np.ndarray
+    lengths: np.ndarray
+    loose: dict[int, str]  # ordinal -> digest of a file stored alone
+    shard_first: list[int]  # first trigram of each shard, ascending
+    shard_digest: list[str]
+    shard_postings: list[int]
+    _listed: frozenset[str] | None = None
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "IndexDirectory":
+        if not raw.startswith(_MAGIC2):
+            raise IntegrityError("object is not a search index directory")
+        try:
+            body = zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC2):], max_output_size=1 << 32)
+            n = int.from_bytes(body[:8], "big")
+            h = json.loads(body[8:8 + n])
+            paths, width, k = h["files"], h["width"], h["n"]
+            ptype = np.uint16 if width == 2 else np.uint32
+            pos = 8 + n
+            keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=pos)
+            pos += 4 * k
+            offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=pos)
+            pos += 4 * (k + 1)
+            total = int(offsets[-1])
+            postings = np.frombuffer(body, dtype=ptype, count=total, offset=pos)
+            pos += postings.nbytes
+            f = len(paths)
+            where = np.frombuffer(body, dtype=np.int32, count=f, offset=pos)
+            offs = np.frombuffer(body, dtype=np.uint32, count=f, offset=pos + 4 * f)
+            lens = np.frombuffer(body, dtype=np.uint32, count=f, offset=pos + 8 * f)
+            if pos + 12 * f != len(body):
+                raise ValueError("trailing bytes")
+            frames = [(int(a), int(b), str(c), int(d)) for a, b, c, d in h["frames"]]
+            if f and int(where.max()) >= len(frames):
+                raise ValueError("a file names a frame that is not there")
+            shards = h["shards"]
+            return cls(list(paths), width, (keys, offsets, postings), frames, where, offs, lens,
+                       {int(i): str(d) for i, d in h["loose"].items()}, [int(s[0]) for s in shards],
+                       [str(s[1]) for s in shards], [int(s[2]) for s in shards])
+        except (zstandard.ZstdError, ValueError, KeyError, TypeError, IndexError) as exc:
+            raise IntegrityError(f"malformed search index directory: {exc}") from exc
+
+    @property
+    def size(self) -> int:
+        return sum(a.nbytes for a in self.inline) + 12 * len(self.paths) + 80 * len(self.paths) + 100
+
+    def listed(self) -> frozenset[str]:
+        """Relative paths of every file the index knows (a file not listed is always searched)."""
+        if self._listed is None:
+            self._listed = frozenset(self.paths)
+        return self._listed
+
+    def _shard_of(self, trigram: int) -> int | None:
+        i = bisect.bisect_right(self.shard_first, trigram) - 1
+        return i if i >= 0 else None
+
+    def _plan(self, query: Query) -> list[tuple[list[int], list[int]] | None]:
+        """Per alternative: (inline trigrams, sharded trigrams to use) or None (no
+        filter). Inline trigrams, when there are any, are enough (each is in at most
+        ``INLINE_MAX`` files); otherwise the trigrams of the smallest shards."""
+        plan: list[tuple[list[int], list[int]] | None] = []
+        for alternative in query or ():
+            if not alternative:
+                plan.append(None)
+                continue
+            inline = [t for t in alternative if _postings(self.inline, t) is not None]
+            if inline:
+                plan.append((inline, []))
+                continue
+            by_shard: dict[int, list[int]] = {}
+            for t in alternative:
+                sh = self._shard_of(t)
+                if sh is None:  # below every shard and not inline: no file holds it
+                    by_shard = {-1: [t]}
+                    break
+                by_shard.setdefault(sh, []).append(t)
+            if -1 in by_shard:
+                plan.append(([], by_shard[-1]))
+                continue
+            chosen = sorted(by_shard, key=lambda sh: self.shard_postings[sh])[:MAX_SHARDS_PER_QUERY]
+            plan.append(([], [t for sh in chosen for t in by_shard[sh]]))
+        return plan
+
+    def shards_for(self, query: Query) -> list[str]:
+        """Digests of the shards ``candidates(query, ...)`` reads."""
+        if query is None:
+            return []
+        out: list[str] = []
+        for step in self._plan(query):
+            for t in step[1] if step else ():
+                sh = self._shard_of(t)
+                if sh is not None:
+                    out.append(self.shard_digest[sh])
+        return list(dict.fromkeys(out))
+
+    def candidates(self, query: Query, shards: dict[str, IndexShard]) -> list[int]:
+        """Ordinals of the listed files that may match (every file if ``query`` is None)."""
+        if query is None:
+            return list(range(len(self.paths)))
+        hits: set[int] = set()
+        for step in self._plan(query):
+            if step is None:  # an empty alternative filters nothing
+                return list(range(len(self.paths)))
+            lists: list[np.ndarray] = []
+            for t in step[0]:
+                lists.append(_postings(self.inline, t))  # type: ignore[arg-type]
+            for t in step[1]:
+                sh = self._shard_of(t)
+                if sh is None:
+                    lists.append(np.empty(0, dtype=np.uint32))
+                    continue
+                shard = shards.get(self.shard_digest[sh])
+                if shard is None:
+                    raise IntegrityError(f"search index shard {self.shard_digest[sh][:12]} was not loaded")
+                found = _postings(shard.table, t)
+                lists.append(np.empty(0, dtype=np.uint32) if found is None else found)
+            lists.sort(key=len)
+            acc: np.ndarray | None = None
+            for h in lists:
+                acc = h if acc is None else np.intersect1d(acc, h, assume_unique=True)
+                if not len(acc):
+                    break
+            if acc is not None:
+                hits.update(int(i) for i in acc)
+        return sorted(hits)
+
+    def location(self, ordinal: int) -> FrameLocation | str:
+        """Where file ``ordinal`` is: its place in a frame of the pack, or its digest (stored alone)."""
+        k = int(self.where[ordinal])
+        if k < 0:
+            return self.loose[ordinal]
+        start, stored, hash_, raw = self.frames[k]
+        return FrameLocation(start, stored, hash_, raw, int(self.offsets[ordinal]), int(self.lengths[ordinal]))
+
+
+def index_shards(raw: bytes) -> list[str]:
+    """Digests of the shards an index object names (none for format 1): what an
+    index keeps reachable. Raises ``IntegrityError`` for a malformed directory."""
+    return IndexDirectory.decode(raw).shard_digest if raw.startswith(_MAGIC2) else []
+
+
+def decode_index(raw: bytes) -> "SearchIndex | IndexDirectory":
+    """An index object of either format. Raises ``IntegrityError``."""
+    return IndexDirectory.decode(raw) if raw.startswith(_MAGIC2) else SearchIndex.decode(raw)
 
 
 # -- which trigrams every match contains -------------------------------------------------------

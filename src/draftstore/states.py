@@ -69,6 +69,12 @@ class States:
                     overlay={}, characters=v.characters_json, world_settings=v.world_settings_json,
                     version_id=v.id, limits=self.b.limits, packing=self.packing)
 
+    def warm_up(self) -> None:
+        """Run the view statement once, for no project: SQLAlchemy compiles it now,
+        not in the first request that reads a state."""
+        with self.b.statement(read_only=True) as conn:
+            conn.execute(self._view, {"project_id": ""}).all()
+
     def view(self, project_id: str) -> View:
         check.project_id(project_id)
         with self.b.statement(read_only=True) as conn:

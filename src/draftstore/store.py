@@ -109,7 +109,9 @@ class Store:
 
         On SQLite the schema is migrated on open (zero set-up). Elsewhere the
         schema must already be current (``draftstore db upgrade``), else
-        ``schema.outdated`` is raised; ``migrate=True`` forces an upgrade.
+        ``schema.outdated`` is raised; ``migrate=True`` forces an upgrade. Opening
+        also runs the statements of a first read once (for nothing), so a fresh
+        process's first request does not pay their compilation.
         """
         s = settings or Settings.load()
         updates = {k: v for k, v in (("database_url", database_url), ("blob_url", blob_url),
@@ -134,7 +136,18 @@ class Store:
         cache = ObjectCache(s.cache_bytes)
         blobs = open_blob_store(s.resolved_blob_url(), cache=cache)
         coord = open_coordinator(s.resolved_coord_url())
-        return cls(engine, blobs, coord, settings=s, cache=cache)
+        store = cls(engine, blobs, coord, settings=s, cache=cache)
+        store._warm_up()
+        return store
+
+    def _warm_up(self) -> None:
+        """Compile the statements of a first read (a view, the pack rows of a tree) on
+        open, so the first request does not pay it. Failures are left to that request."""
+        try:
+            self._states.warm_up()
+            self._packing.warm_up()
+        except (E.DraftstoreError, sa_exc.SQLAlchemyError):
+            pass
 
     @classmethod
     def from_env(cls) -> "Store":

@@ -271,7 +271,7 @@ class View:
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
         """The trigram indexes of the packed subtrees below ``base``: prefix -> (kind,
-        {listed relative path: digest}, {candidate relative paths}); None when no index
+        {listed relative paths}, {candidate relative path: digest}); None when no index
         can narrow this search (no packs, or a pattern nothing is certain of)."""
         if self._packing is None:
             return None
@@ -279,33 +279,33 @@ class View:
         if query is None:
             return None
         covered, _ = self._packing.covering(self.root, base)
-        indexes = self._packing.indexes(row.search_index for c in covered for row in c.rows if row.search_index)
-        units: dict[str, tuple[str, dict[str, str], set[str]]] = {}
+        covered = [c for c in covered if all(row.search_index for row in c.rows)]  # else: file by file
+        found = self._packing.search_candidates((row for c in covered for row in c.rows), query)
+        units: dict[str, tuple[str, set[str], dict[str, Digest]]] = {}
         for c in covered:
-            if any(not row.search_index for row in c.rows):
-                continue  # a part without an index: search that subtree file by file
-            listed: dict[str, str] = {}
-            hits: set[str] = set()
+            listed: set[str] = set()  # only a files pack's walk needs it (which files to skip)
+            hits: dict[str, Digest] = {}
             for row in c.rows:
-                idx = indexes[row.search_index]
-                listed.update(idx.files)
-                hits |= idx.candidates(query)
+                paths, mine = found[row.search_index]
+                if c.kind == "files":
+                    listed |= paths
+                hits.update(mine)
             units[c.prefix] = (c.kind, listed, hits)
         return units or None
 
-    def _candidates(self, units: dict[str, tuple[str, dict[str, str], set[str]]],
+    def _candidates(self, units: dict[str, tuple[str, set[str], dict[str, Digest]]],
                     base: str) -> list[tuple[str, Digest]]:
         """The files that may match, in path order: index candidates of packed subtrees,
         every file no index lists, and every file the overlay writes."""
         overlay = self._overlay
         out: list[tuple[str, Any]] = []
-        for prefix, (_, listed, hits) in units.items():
-            out.extend((prefix + rel, listed[rel]) for rel in hits if prefix + rel not in overlay)
+        for prefix, (_, _, hits) in units.items():
+            out.extend((prefix + rel, d) for rel, d in hits.items() if prefix + rel not in overlay)
         whole = {prefix for prefix, (kind, _, _) in units.items() if kind == "tree"}
 
         def walk(digest: Digest, prefix: str) -> Iterator[tuple[str, Any]]:
             own = units.get(prefix)
-            skip_files = own[1] if own is not None and own[0] == "files" else {}
+            skip_files = own[1] if own is not None and own[0] == "files" else set()
             for name, e in sorted(self._trees.load(digest).items()):
                 path = prefix + name
                 if e.is_dir:

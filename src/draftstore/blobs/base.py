@@ -40,6 +40,8 @@ class BlobStore(Protocol):
 
     def get_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]: ...
 
+    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]: ...
+
     def has(self, digest: Digest) -> bool: ...
 
     def delete(self, digest: Digest) -> None: ...
@@ -110,6 +112,12 @@ class BlobStoreBase:
         """Modified time (epoch seconds) of ``key``, or None if absent."""
         raise NotImplementedError
 
+    def _get_range_raw(self, key: str, start: int, length: int) -> bytes | None:
+        """Up to ``length`` bytes of ``key`` from ``start``, or None if absent.
+        Backends that can read a range without the whole object override this."""
+        data = self._get_raw(key)
+        return None if data is None else data[start:start + length]
+
     # -- the contract -----------------------------------------------------------------
     def put(self, data: bytes) -> Digest:
         """Store ``data``; idempotent; returns its digest. Storing an object that
@@ -150,6 +158,23 @@ class BlobStoreBase:
         """Several objects, verified, as {digest: bytes}; backends may fetch in
         parallel. Raises like ``get`` for the first object that fails."""
         return {Digest(d): self.get(d) for d in digests}
+
+    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]:
+        """Byte ranges ``(digest, start, length)`` of stored objects, *not verified*
+        (a range cannot be checked against the whole object's digest: the caller
+        checks what it reads, e.g. a pack frame against its hash). A range past
+        the end is cut short. Raises ``blob.not_found`` for an absent object."""
+        out: dict[tuple[str, int, int], bytes] = {}
+        for r in ranges:
+            out[r] = self._get_range(r)
+        return out
+
+    def _get_range(self, r: tuple[str, int, int]) -> bytes:
+        digest, start, length = r
+        data = self._get_range_raw(object_key(Digest(digest)), start, length)
+        if data is None:
+            raise BlobNotFound(f"object {Digest(digest).short} not in the blob store", digest=str(digest))
+        return data
 
     def has(self, digest: Digest) -> bool:
         digest = Digest(digest)

@@ -59,6 +59,14 @@ class DirectoryBlobStore(BlobStoreBase):
         except FileNotFoundError:
             return None
 
+    def _get_range_raw(self, key: str, start: int, length: int) -> bytes | None:
+        try:
+            with open(self._path(key), "rb") as f:
+                f.seek(start)
+                return f.read(length)
+        except FileNotFoundError:
+            return None
+
     def _has_raw(self, key: str) -> bool:
         return self._path(key).exists()
 

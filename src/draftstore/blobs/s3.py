@@ -172,6 +172,7 @@ class S3BlobStore(BlobStoreBase):
         self._pool_lock = threading.Lock()
         if check:
             self._check_bucket(create)
+            self._warm_up()
 
     # -- construction --------------------------------------------------------------
     @classmethod
@@ -254,6 +255,27 @@ class S3BlobStore(BlobStoreBase):
         except (BotoCoreError, ValueError) as exc:
             self._raise("create bucket", exc)
 
+    def _warm_up(self) -> None:
+        """Pay the fixed costs of the first read now, not in a request: botocore's
+        first GetObject (its operation model, serializer, handlers; one GET of a key
+        that does not exist) and the start of the worker threads of parallel reads."""
+        try:
+            self._get_raw("objects/.warm-up")
+        except (BackendError, BackendUnavailable):
+            pass  # the first real read says so, typed
+        pool = self._executor()
+        started = threading.Barrier(self.workers + 1)
+
+        def wait() -> None:
+            try:
+                started.wait(timeout=2.0)
+            except threading.BrokenBarrierError:
+                pass
+
+        for _ in range(self.workers):
+            pool.submit(wait)
+        wait()
+
     # -- error mapping ---------------------------------------------------------------
     def _raise(self, op: str, exc: Exception, key: str | None = None) -> NoReturn:
         """Map a botocore error to the draftstore family, chained with ``from``."""
@@ -305,6 +327,23 @@ class S3BlobStore(BlobStoreBase):
             self._raise("get", exc, key)
         except BotoCoreError as exc:
             self._raise("get", exc, key)
+
+    def _get_range_raw(self, key: str, start: int, length: int) -> bytes | None:
+        if length <= 0:
+            return b""
+        try:
+            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key),
+                                           Range=f"bytes={start}-{start + length - 1}")
+            return resp["Body"].read()
+        except ClientError as exc:
+            code = _error_code(exc)
+            if code in _NOT_FOUND_CODES:
+                return None
+            if code in ("InvalidRange", "416"):  # the range starts past the end
+                return b""
+            self._raise("get range", exc, key)
+        except BotoCoreError as exc:
+            self._raise("get range", exc, key)
 
     def _has_raw(self, key: str) -> bool:
         return self._modified_raw(key) is not None
@@ -416,6 +455,24 @@ class S3BlobStore(BlobStoreBase):
             exc = fut.exception()  # waits: nothing is left running when this returns
             if exc is None:
                 out[d] = fut.result()
+            elif first_error is None:
+                first_error = exc
+        if first_error is not None:
+            raise first_error
+        return out
+
+    def get_ranges(self, ranges: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]:
+        """Byte ranges, unverified (see ``BlobStoreBase.get_ranges``), fetched in parallel."""
+        todo = list(dict.fromkeys(ranges))
+        if len(todo) <= 1:
+            return super().get_ranges(todo)
+        futures = [(r, self._executor().submit(self._get_range, r)) for r in todo]
+        out: dict[tuple[str, int, int], bytes] = {}
+        first_error: BaseException | None = None
+        for r, fut in futures:
+            exc = fut.exception()  # waits: nothing is left running when this returns
+            if exc is None:
+                out[r] = fut.result()
             elif first_error is None:
                 first_error = exc
         if first_error is not None:
