@@ -342,6 +342,20 @@ def test_a_cold_search_reads_the_directory_a_few_shards_and_the_candidates_frame
     assert res.files_searched < 90
 
 
+def test_a_warm_search_reuses_what_it_found_in_the_frames_and_refetches_what_was_evicted(store: Store) -> None:
+    p, rows = sharded_project(store)
+    store.cache.clear()
+    first = lines(store.view(p.id).search_code("common", max_results=1000))
+    directory = store.cache.get("index:" + rows[0].search_index)  # the decoded directory, as the search keeps it
+    assert isinstance(directory, IndexDirectory) and directory.found  # the frames' objects were remembered
+    assert lines(store.view(p.id).search_code("common", max_results=1000)) == first
+    for digest in set(directory.found.values()):
+        store.cache.discard(digest)  # evicted: the remembered digest alone must not be trusted
+    store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
+    assert lines(store.view(p.id).search_code("common", max_results=1000)) == first
+    assert len(first) == 89
+
+
 def test_gc_keeps_the_shards_of_live_indexes_and_fsck_reports_a_missing_one(store_factory: Any) -> None:
     store = store_factory(settings=Settings(gc_grace_s=0))
     p, rows = sharded_project(store)

@@ -310,7 +310,8 @@ class Packing:
         shards = self._decoded("ixshard:", need, lambda d, raw: IndexShard.decode(raw, need[d]))
         out: dict[str, tuple[Set[str], dict[str, Digest]]] = {}
         frames: list[tuple[str, FrameLocation]] = []
-        pending: list[tuple[str, str]] = []  # (index digest, relative path) of each entry of frames
+        pending: list[tuple[str, IndexDirectory, int]] = []  # (index digest, index, ordinal) per entry of frames
+        cache = self.b.cache
         for r in rows:
             idx = decoded[r.search_index]
             if isinstance(idx, SearchIndex):
@@ -318,16 +319,22 @@ class Packing:
                 out[r.search_index] = (set(files), {rel: Digest(files[rel]) for rel in idx.candidates(query)})
                 continue
             hits: dict[str, Digest] = {}
+            paths, found = idx.paths, idx.found
             for i in idx.candidates(query, shards):
+                d = found.get(i)
+                if d is not None and d in cache:  # read before and still cached: nothing to locate
+                    hits[paths[i]] = d  # type: ignore[assignment]
+                    continue
                 loc = idx.location(i)
                 if isinstance(loc, str):
-                    hits[idx.paths[i]] = Digest(loc)
+                    hits[paths[i]] = Digest(loc)
                 else:
                     frames.append((r.digest, loc))
-                    pending.append((r.search_index, idx.paths[i]))
+                    pending.append((r.search_index, idx, i))
             out[r.search_index] = (idx.listed(), hits)
         if frames:
             got = self.b.objects.read_frames(frames)
-            for key, (index_digest, rel) in zip(frames, pending):
-                out[index_digest][1][rel] = got[key]
+            for key, (index_digest, idx, i) in zip(frames, pending):
+                idx.found[i] = d = got[key]
+                out[index_digest][1][idx.paths[i]] = d
         return out

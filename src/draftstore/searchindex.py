@@ -43,7 +43,7 @@ from __future__ import annotations
 import bisect
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -332,6 +332,9 @@ class IndexDirectory:
     shard_digest: list[str]
     shard_postings: list[int]
     _listed: frozenset[str] | None = None
+    # ordinal -> digest of the files already read out of the pack's frames: derived from
+    # content-addressed objects, so never stale; lets a warm search skip locating them again
+    found: dict[int, str] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
     def decode(cls, raw: bytes) -> "IndexDirectory":
