@@ -13,7 +13,9 @@ writes), then ``complete_turn``. Every request is timed on its own.
 - **library baseline**: the same round through the bench's measuring ``Store``
   in-process, sequentially (no concurrency).
 - **sequential HTTP**: one agent against the 1-worker service, rounds
-  interleaved with the library rounds (drift hits both alike), twice: with
+  interleaved with the library rounds (drift hits both alike), each round
+  followed by ``SHORT_TURNS`` turns of a start and a complete alone (so
+  the two ~10 ms operations get 5x the samples), twice: with
   a lean client (the standard library's ``http.client`` on one kept-alive
   connection, ~0.1 ms of client CPU per request, about what a client in Go,
   Java or Node costs) and with ``httpx`` (a pure-Python client that costs
@@ -78,6 +80,7 @@ OVERHEAD_GOAL_MS = 1.0
 P99_GOAL = 5.0
 PAIRS = 20  # tool-call pairs per round
 WRITE_EVERY = 2  # one write after every second pair: 10 writes per round
+SHORT_TURNS = 4  # sequential runs: start + complete turns after each round (5x their samples)
 KIB = 1024
 
 ARGS = {"path": "src/agent_0.py", "offset": 0, "limit": 200}
@@ -157,7 +160,9 @@ class _Round:
         self.project_id, self.agent = project_id, agent
         self.k = 0
 
-    def run(self, ops: "_Ops", out: Samples, pairs: int = PAIRS) -> None:
+    def run(self, ops: "_Ops", out: Samples, pairs: int = PAIRS, short_turns: int = 0) -> None:
+        """One round, then ``short_turns`` turns of a start and a complete alone (more samples of
+        the two ~10 ms operations, whose medians are otherwise the noisiest)."""
         t = _timer(out)
         turn = t("start_turn", lambda: ops.start_turn(self.project_id, f"agent {self.agent} round {self.k}"))
         if turn is None:
@@ -171,6 +176,12 @@ class _Round:
                 path, data = f"src/agent_{(i // WRITE_EVERY) % 10}.py", random_source(KIB)
                 t("write_file", lambda: ops.write_file(turn, path, data))
         t("complete_turn", lambda: ops.complete_turn(turn, "done"))
+        for _ in range(short_turns):
+            turn = t("start_turn", lambda: ops.start_turn(self.project_id, f"agent {self.agent} short {self.k}"))
+            if turn is None:
+                return
+            self.k += 1
+            t("complete_turn", lambda: ops.complete_turn(turn, "done"))
 
 
 class _Failed(Exception):
@@ -420,9 +431,9 @@ def sequential(store: Any, service: Service, token: str, lib_project: str, http_
             lean_round.run(lean, warm)
             heavy_round.run(heavy, warm)
         for _ in range(rounds):
-            lib_round.run(lib, lib_s)
-            lean_round.run(lean, lean_s)
-            heavy_round.run(heavy, heavy_s)
+            lib_round.run(lib, lib_s, short_turns=SHORT_TURNS)
+            lean_round.run(lean, lean_s, short_turns=SHORT_TURNS)
+            heavy_round.run(heavy, heavy_s, short_turns=SHORT_TURNS)
             for ops, out in ((lean, lean_s), (heavy, heavy_s)):
                 for _ in range(10):  # the floor: a route that touches neither auth nor the store
                     t0 = time.perf_counter()
