@@ -20,9 +20,9 @@ Error mapping at this boundary (botocore never leaks out):
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NoReturn
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import boto3
@@ -40,6 +40,9 @@ from ..digest import Digest, digest_of
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
+
+K = TypeVar("K")
+R = TypeVar("R")
 
 __all__ = ["S3BlobStore"]
 
@@ -418,19 +421,29 @@ class S3BlobStore(BlobStoreBase):
                 self._put_raw(object_key(d), b)
                 self.cache.add(d, b)
             return digests
-        futures: list[tuple[Digest, bytes, Future[None]]] = [
-            (d, b, self._executor().submit(self._put_raw, object_key(d), b)) for d, b in todo.items()
-        ]
+        self._on_pool(lambda d: self._put_cached(d, todo[d]), list(todo))
+        return digests
+
+    def _put_cached(self, d: Digest, b: bytes) -> None:
+        self._put_raw(object_key(d), b)
+        self.cache.add(d, b)
+
+    def _on_pool(self, fn: Callable[[K], R], items: list[K]) -> dict[K, R]:
+        """``fn(item)`` for every item on the transfer pool: {item: result}. Returns only
+        after every call has settled; if any failed, raises the first failure (in
+        ``items`` order) -- nothing is left running either way."""
+        futures = [(item, self._executor().submit(fn, item)) for item in items]
+        out: dict[K, R] = {}
         first_error: BaseException | None = None
-        for d, b, fut in futures:
-            exc = fut.exception()  # waits; every upload settles before we return
+        for item, fut in futures:
+            exc = fut.exception()  # waits
             if exc is None:
-                self.cache.add(d, b)
+                out[item] = fut.result()
             elif first_error is None:
                 first_error = exc
         if first_error is not None:
             raise first_error
-        return digests
+        return out
 
     def get_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
         """Several objects, verified; the ones not cached are fetched in parallel."""
@@ -449,16 +462,7 @@ class S3BlobStore(BlobStoreBase):
             for d in todo:
                 out[d] = self.get(d)
             return out
-        futures = [(d, self._executor().submit(self.get, d)) for d in todo]
-        first_error: BaseException | None = None
-        for d, fut in futures:
-            exc = fut.exception()  # waits: nothing is left running when this returns
-            if exc is None:
-                out[d] = fut.result()
-            elif first_error is None:
-                first_error = exc
-        if first_error is not None:
-            raise first_error
+        out.update(self._on_pool(self.get, todo))
         return out
 
     def get_ranges(self, ranges: list[tuple[str, int, int]]) -> dict[tuple[str, int, int], bytes]:
@@ -466,18 +470,7 @@ class S3BlobStore(BlobStoreBase):
         todo = list(dict.fromkeys(ranges))
         if len(todo) <= 1:
             return super().get_ranges(todo)
-        futures = [(r, self._executor().submit(self._get_range, r)) for r in todo]
-        out: dict[tuple[str, int, int], bytes] = {}
-        first_error: BaseException | None = None
-        for r, fut in futures:
-            exc = fut.exception()  # waits: nothing is left running when this returns
-            if exc is None:
-                out[r] = fut.result()
-            elif first_error is None:
-                first_error = exc
-        if first_error is not None:
-            raise first_error
-        return out
+        return self._on_pool(self._get_range, todo)
 
     def close(self) -> None:
         """Stop the upload pool and close the HTTP connections. Idempotent."""
