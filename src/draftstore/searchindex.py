@@ -49,6 +49,7 @@ from typing import Any
 import numpy as np
 import zstandard
 
+from .digest import digest_of
 from .errors import IntegrityError
 from .packs import FrameLocation
 
@@ -154,8 +155,6 @@ def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str
     shards). ``locations``: where each packed file's object is in the index's pack
     (``packs.frame_locations``); a file not there is recorded by digest (stored alone).
     Store the shards before the directory that names them."""
-    from .digest import digest_of
-
     inline_max = INLINE_MAX if inline_max is None else inline_max
     inline_budget = INLINE_BUDGET if inline_budget is None else inline_budget
     shard_postings = SHARD_POSTINGS if shard_postings is None else shard_postings
@@ -170,8 +169,8 @@ def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str
     taken = order[np.cumsum(counts[order]) <= inline_budget]
     inline[taken] = True
 
-    def part(mask: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        idx = np.flatnonzero(mask)
+    def part(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The table of the trigrams ``idx`` (indexes into ``keys``, ascending)."""
         lens = counts[idx]
         if len(idx):
             post = np.concatenate([o[offsets[i]:offsets[i + 1]] for i in idx])
@@ -189,9 +188,7 @@ def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str
         while j < len(rest) and (n < shard_postings or j == i):
             n += int(counts[rest[j]])
             j += 1
-        mask = np.zeros(len(keys), dtype=bool)
-        mask[rest[i:j]] = True
-        k, off, post = part(mask)
+        k, off, post = part(rest[i:j])
         raw = _SHARD_MAGIC + cctx.compress(b"".join([len(k).to_bytes(8, "big"), k.tobytes(), off.tobytes(),
                                                      post.tobytes()]))
         shards.append(raw)
@@ -209,13 +206,38 @@ def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str
             continue
         where[n_] = frames.setdefault((loc.start, loc.stored, loc.hash, loc.raw), len(frames))
         offs[n_], lens[n_] = loc.offset, loc.length
-    k, off, post = part(inline)
+    k, off, post = part(np.flatnonzero(inline))
     header = json.dumps({"files": [path for path, _, _ in files], "width": width, "n": int(len(k)),
                          "frames": [list(f) for f in frames], "loose": loose, "shards": table},
                         separators=(",", ":")).encode()
     body = b"".join([len(header).to_bytes(8, "big"), header, k.tobytes(), off.tobytes(), post.tobytes(),
                      where.tobytes(), offs.tobytes(), lens.tobytes()])
     return _MAGIC2 + cctx.compress(body), shards
+
+
+def _unpack(raw: bytes, magic: bytes, what: str) -> bytes:
+    """The decompressed body of an index object that starts with ``magic``
+    (``IntegrityError`` naming ``what`` otherwise; a zstd error is the caller's to map)."""
+    if not raw.startswith(magic):
+        raise IntegrityError(f"object is not {what}")
+    return zstandard.ZstdDecompressor().decompress(raw[len(magic):], max_output_size=1 << 32)
+
+
+def _read_table(body: bytes, pos: int, k: int, width: int,
+                count: int = -1) -> tuple[tuple[np.ndarray, np.ndarray, np.ndarray], int]:
+    """The (keys, offsets, postings) table of ``k`` trigrams written at ``pos`` (``count``
+    postings, or all the bytes left), and where it ends."""
+    keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=pos)
+    offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=pos + 4 * k)
+    postings = np.frombuffer(body, dtype=np.uint16 if width == 2 else np.uint32, count=count,
+                             offset=pos + 8 * k + 4)
+    return (keys, offsets, postings), pos + 8 * k + 4 + postings.nbytes
+
+
+def _json_header(body: bytes) -> tuple[Any, int]:
+    """A body's length-prefixed JSON header, and where the arrays after it start."""
+    n = int.from_bytes(body[:8], "big")
+    return json.loads(body[8:8 + n]), 8 + n
 
 
 @dataclass
@@ -227,18 +249,10 @@ class SearchIndex:
 
     @classmethod
     def decode(cls, raw: bytes) -> "SearchIndex":
-        if not raw.startswith(_MAGIC):
-            raise IntegrityError("object is not a search index")
         try:
-            body = zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC):], max_output_size=1 << 32)
-            n = int.from_bytes(body[:8], "big")
-            header = json.loads(body[8:8 + n])
-            k = header["n"]
-            pos = 8 + n
-            keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=pos)
-            offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=pos + 4 * k)
-            width = header.get("width", 4)
-            postings = np.frombuffer(body, dtype=np.uint16 if width == 2 else np.uint32, offset=pos + 8 * k + 4)
+            body = _unpack(raw, _MAGIC, "a search index")
+            header, pos = _json_header(body)
+            (keys, offsets, postings), _ = _read_table(body, pos, header["n"], header.get("width", 4))
         except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"malformed search index: {exc}") from exc
         return cls([(p, d) for p, d in header["files"]], keys, offsets, postings)
@@ -292,19 +306,15 @@ class IndexShard:
 
     @classmethod
     def decode(cls, raw: bytes, width: int) -> "IndexShard":
-        if not raw.startswith(_SHARD_MAGIC):
-            raise IntegrityError("object is not a search index shard")
         try:
-            body = zstandard.ZstdDecompressor().decompress(raw[len(_SHARD_MAGIC):], max_output_size=1 << 32)
+            body = _unpack(raw, _SHARD_MAGIC, "a search index shard")
             k = int.from_bytes(body[:8], "big")
-            keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=8)
-            offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=8 + 4 * k)
-            postings = np.frombuffer(body, dtype=np.uint16 if width == 2 else np.uint32, offset=12 + 8 * k)
-            if k and int(offsets[-1]) != len(postings):
+            table, _ = _read_table(body, 8, k, width)
+            if k and int(table[1][-1]) != len(table[2]):
                 raise ValueError("postings do not match the offsets")
         except (zstandard.ZstdError, ValueError, TypeError) as exc:
             raise IntegrityError(f"malformed search index shard: {exc}") from exc
-        return cls((keys, offsets, postings))
+        return cls(table)
 
     @property
     def size(self) -> int:
@@ -338,22 +348,12 @@ class IndexDirectory:
 
     @classmethod
     def decode(cls, raw: bytes) -> "IndexDirectory":
-        if not raw.startswith(_MAGIC2):
-            raise IntegrityError("object is not a search index directory")
         try:
-            body = zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC2):], max_output_size=1 << 32)
-            n = int.from_bytes(body[:8], "big")
-            h = json.loads(body[8:8 + n])
+            body = _unpack(raw, _MAGIC2, "a search index directory")
+            h, pos = _json_header(body)
             paths, width, k = h["files"], h["width"], h["n"]
-            ptype = np.uint16 if width == 2 else np.uint32
-            pos = 8 + n
-            keys = np.frombuffer(body, dtype=np.uint32, count=k, offset=pos)
-            pos += 4 * k
-            offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=pos)
-            pos += 4 * (k + 1)
-            total = int(offsets[-1])
-            postings = np.frombuffer(body, dtype=ptype, count=total, offset=pos)
-            pos += postings.nbytes
+            offsets = np.frombuffer(body, dtype=np.uint32, count=k + 1, offset=pos + 4 * k)
+            inline, pos = _read_table(body, pos, k, width, count=int(offsets[-1]))
             f = len(paths)
             where = np.frombuffer(body, dtype=np.int32, count=f, offset=pos)
             offs = np.frombuffer(body, dtype=np.uint32, count=f, offset=pos + 4 * f)
@@ -364,7 +364,7 @@ class IndexDirectory:
             if f and int(where.max()) >= len(frames):
                 raise ValueError("a file names a frame that is not there")
             shards = h["shards"]
-            return cls(list(paths), width, (keys, offsets, postings), frames, where, offs, lens,
+            return cls(list(paths), width, inline, frames, where, offs, lens,
                        {int(i): str(d) for i, d in h["loose"].items()}, [int(s[0]) for s in shards],
                        [str(s[1]) for s in shards], [int(s[2]) for s in shards])
         except (zstandard.ZstdError, ValueError, KeyError, TypeError, IndexError) as exc:
