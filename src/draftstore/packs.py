@@ -296,19 +296,15 @@ class PackedObjects:
     # -- reads ------------------------------------------------------------------------------
     def read_frames(self, wanted: Iterable[tuple[str, FrameLocation]]) -> dict[tuple[str, FrameLocation], Digest]:
         """Objects of format-2 packs read frame by frame: for ``(pack digest, location)``
-        pairs, the digest of the object there. An object read before (and still in
-        the object cache) costs nothing; the others take one ranged read per run
-        of nearby frames of a pack (``MERGE_GAP``; the reads in parallel), each
-        frame checked against its hash, and go to the object cache. Raises ``blob.not_found``, ``blob.checksum_mismatch``,
-        ``IntegrityError``."""
+        pairs, the digest of the object there. One ranged read per run of nearby
+        frames of a pack (``MERGE_GAP``; the reads in parallel), each frame checked
+        against its hash; the objects go to the object cache. (A caller that read
+        a location before remembers its digest: ``IndexDirectory.found``.) Raises
+        ``blob.not_found``, ``blob.checksum_mismatch``, ``IntegrityError``."""
         out: dict[tuple[str, FrameLocation], Digest] = {}
         by_frame: dict[tuple[str, int, int], list[FrameLocation]] = {}
         for pack, loc in dict.fromkeys(wanted):
-            known = self.cache.get(f"at:{pack}:{loc.start}:{loc.offset}")
-            if known is not None and known in self.cache:
-                out[(pack, loc)] = known
-            else:
-                by_frame.setdefault((pack, loc.start, loc.stored), []).append(loc)
+            by_frame.setdefault((pack, loc.start, loc.stored), []).append(loc)
         if not by_frame:
             return out
         # one ranged read per run of frames less than MERGE_GAP apart: on a store where
@@ -337,7 +333,6 @@ class PackedObjects:
                                          digest=loc.hash)
                 d = digest_of(data)
                 self.cache.add(d, data)
-                self.cache.add(f"at:{pack}:{loc.start}:{loc.offset}", d, 200)
                 out[(pack, loc)] = d
         return out
 
