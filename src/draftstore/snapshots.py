@@ -289,17 +289,20 @@ class _Writer:
 
     def __init__(self, dest: Path, files: dict[str, Any]) -> None:
         self.dest = str(dest)
-        self.count = 0
         self.written: set[str] = set()
         for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
             os.makedirs(os.path.join(self.dest, d), exist_ok=True)
         self._chmod = not _creation_keeps_modes(self.dest)
 
+    @property
+    def count(self) -> int:
+        """Files written so far."""
+        return len(self.written)
+
     def write(self, path: str, data: bytes | memoryview, executable: bool) -> None:
         if path in self.written:
             raise E.IntegrityError(f"{path!r} written twice")
         self.written.add(path)
-        self.count += 1
         _write(os.path.join(self.dest, path), data, executable, self._chmod)
 
 
