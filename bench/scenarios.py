@@ -91,17 +91,10 @@ class Context:
     publish_samples: dict[int, list[float]] = field(default_factory=dict)
     _warmed: set[int] = field(default_factory=set)
 
-    def __post_init__(self) -> None:
-        self.s3_calls: dict[str, int] = {}
-        client = getattr(self.store.blobs, "_client", None)  # S3BlobStore's botocore client
-        if client is not None:
-            def count(model: Any, **_: Any) -> None:
-                self.s3_calls[model.name] = self.s3_calls.get(model.name, 0) + 1
-            client.meta.events.register("after-call.s3", count)
-
     def gets(self) -> int:
-        """S3 GETs the measuring store has made so far (0 if not countable)."""
-        return self.s3_calls.get("GetObject", 0)
+        """S3 GETs (whole or ranged) the measuring store has made so far (0 if not countable)."""
+        calls = getattr(self.store.blobs, "calls", None)  # S3BlobStore counts its requests
+        return calls["get"] + calls["get_range"] if calls is not None else 0
 
     def n(self, base: int) -> int:
         return base * self.repeat

@@ -15,6 +15,7 @@ own database, as its own S3 prefix.
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -82,16 +83,9 @@ def cold_counting_store(store_factory: Any) -> tuple[Store, Callable[[], int]]:
         store_factory.opened.append(s)
         return s, lambda: blobs.reads
     s = store_factory()
-    count = [0]
-    lock = threading.Lock()
-
-    def seen(**_: Any) -> None:
-        with lock:
-            count[0] += 1
-
-    s.blobs._client.meta.events.register("after-call.s3.GetObject", seen)
-    s.blobs._client.meta.events.register("after-call.s3.HeadObject", seen)
-    return s, lambda: count[0]
+    calls = s.blobs.calls
+    start = calls["get"] + calls["get_range"] + calls["head"]  # opening the store sends one GET
+    return s, lambda: calls["get"] + calls["get_range"] + calls["head"] - start
 
 
 def overwrite_object(store: Store, request: pytest.FixtureRequest, digest: str, data: bytes) -> None:
@@ -472,3 +466,55 @@ def test_a_multi_part_subtree_stays_fully_searchable_after_a_change_in_its_first
     assert [m.path for m in hit] == [last], f"packs covering the new root: {[(r.kind, r.part) for r in parts]}"
     assert [m.path for m in view.search_code("EDIT000 line 00000001")] == ["data/f000.txt"]
     assert sorted(r.part for r in parts) == sorted(r.part for r in v1_parts)
+
+
+# =====================================================================================
+# a spine row's cover: a cold search of a whole tree reads no tree node
+# =====================================================================================
+def _grep(files: dict[str, bytes], needle: bytes) -> list[tuple[str, int]]:
+    return sorted((path, n) for path, data in files.items() if b"\x00" not in data[:8192]
+                  for n, line in enumerate(data.split(b"\n"), 1) if needle in line)
+
+
+def _spine(store: Store, root: str) -> Any:
+    with store.engine.connect() as conn:
+        return conn.execute(sa.select(PK).where(PK.c.tree == root, PK.c.kind == "spine")).one()
+
+
+def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tree_node(
+        store: Store, store_factory: Any) -> None:
+    files = project_files(400, seed=11, root_files=3, dir_files=4)
+    with mock.patch.object(packing_module, "MAX_PACK_FILES", 50):
+        p = store.create_project("cover", files=files)
+    root = store.get_version(p.current_version_id).root
+    spine = _spine(store, root)
+    cover = json.loads(spine.cover)
+    # src/mNNN (100 files) is too large for one pack: its ten sN directories are pack roots;
+    # the top and src/ have files of their own (files packs)
+    assert sorted(prefix for prefix, _, _ in cover) == sorted(
+        ["", "src/", "assets/", "bin/"] + [f"src/m{i:03d}/s{j}/" for i in range(4) for j in range(10)])
+    assert {kind for prefix, _, kind in cover if prefix in ("", "src/")} == {"files"}
+    with store.engine.connect() as conn:
+        packed = {(r.tree, r.kind) for r in conn.execute(sa.select(PK.c.tree, PK.c.kind)).all()}
+    assert all((tree, kind) in packed for _, tree, kind in cover)
+
+    needle = b"'tag7'"
+    cold = store_factory()
+    res = cold.view(p.id).search_code(needle.decode(), max_results=10_000)
+    assert [(m.path, m.line_number) for m in res] == _grep(files, needle)
+    assert not cold._b.objects.packs.has_pack(spine.digest)  # the spine was never fetched
+
+    # a row the cover names is gone (or the cover is from before covers were recorded):
+    # the search walks the spine instead, and finds the same
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=None))
+    walked = store_factory()
+    assert [(m.path, m.line_number) for m in walked.view(p.id).search_code(needle.decode(), max_results=10_000)
+            ] == _grep(files, needle)
+    assert walked._b.objects.packs.has_pack(spine.digest)
+    with store.engine.begin() as conn:
+        conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=spine.cover))
+        conn.execute(sa.delete(PK).where(PK.c.tree == cover[-1][1], PK.c.kind == cover[-1][2]))
+    partial = store_factory()
+    assert [(m.path, m.line_number) for m in partial.view(p.id).search_code(needle.decode(), max_results=10_000)
+            ] == _grep(files, needle)

@@ -16,10 +16,11 @@ what a broken constraint means in their operation.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import sqlalchemy as sa
 from sqlalchemy import exc as sa_exc
@@ -39,6 +40,10 @@ from .trees import TreeReader
 __all__ = ["Backends"]
 
 log = logging.getLogger("draftstore")
+
+T = TypeVar("T")
+R = TypeVar("R")
+_READERS = 8  # threads of the read pool (``in_parallel``)
 
 
 class Backends:
@@ -77,9 +82,11 @@ class Backends:
             pass  # unavailable now: the first operation says so, typed
         self.events = EventPublisher(coord)
         self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
+        self._reads = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="draftstore-read")
 
     def close(self) -> None:
         self._uploads.shutdown(wait=True)
+        self._reads.shutdown(wait=True)
         self.events.close()
         if self.autocommit is not self.engine:
             self.autocommit.dispose()
@@ -165,6 +172,34 @@ class Backends:
         """Run an upload beside the caller, which must wait for it (``.result()``)
         before committing anything that names what it stores."""
         return self._uploads.submit(fn, *args)
+
+    def in_parallel(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
+        """``[fn(item) for item in items]``, the calls run side by side on the read
+        pool (for independent chains of reads: each may wait on the blob store's own
+        transfer pool, never on this one). Returns once every call settled; raises
+        the first failure in ``items`` order."""
+        if len(items) <= 1:
+            return [fn(item) for item in items]
+        futures = [self._reads.submit(fn, item) for item in items]
+        errors = [f.exception() for f in futures]  # waits for all
+        first = next((e for e in errors if e is not None), None)
+        if first is not None:
+            raise first
+        return [f.result() for f in futures]
+
+    def start_readers(self) -> None:
+        """Start the read pool's threads now, not in a request."""
+        barrier = threading.Barrier(_READERS + 1)
+
+        def wait(_: int) -> None:
+            try:
+                barrier.wait(timeout=2.0)
+            except threading.BrokenBarrierError:
+                pass
+
+        for i in range(_READERS):
+            self._reads.submit(wait, i)
+        wait(-1)
 
     # -- coordinator -----------------------------------------------------------------
     def emit(self, stream: str, type: str, data: dict[str, Any]) -> None:

@@ -16,6 +16,7 @@ only after every object they name is stored.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Mapping, Set
 from dataclasses import dataclass, field
@@ -47,6 +48,7 @@ class _Unit:
     files: list[tuple[str, Entry]] = field(default_factory=list)  # (path relative to the unit's directory, entry)
     loose: list[tuple[str, Entry]] = field(default_factory=list)  # too large to pack: stored alone, still indexed
     bytes: int = 0
+    cover: list[list[str]] | None = None  # spine: [prefix, tree, kind] of every tree/files pack of the tree
 
 
 @dataclass
@@ -136,12 +138,14 @@ class Packing:
                 unit.files.append((rel, e))
                 unit.bytes += e.size
 
+        cover: list[list[str]] = []  # every pack root, existing or planned: the spine row records it
         frontier = [(root, "")]
         while frontier:
             have = {(d, r.kind) for d, rows in self._rows_for(d for d, _ in frontier).items() for r in rows}
             nxt: list[tuple[Digest, str]] = []
             for d, prefix in frontier:
                 if (d, "tree") in have:
+                    cover.append([prefix, d, "tree"])
                     continue
                 node = load(d)
                 if sum(e.size if e.is_dir else 1 for e in node.values()) <= MAX_PACK_FILES:
@@ -149,15 +153,18 @@ class Packing:
                     files: list[tuple[str, Entry]] = []
                     collect(d, "", unit_nodes, files)
                     split(d, "tree", prefix, unit_nodes, files)
+                    cover.append([prefix, d, "tree"])
                     continue
                 spine.append(d)
                 direct = [(name, e) for name, e in sorted(node.items()) if not e.is_dir]
-                if direct and (d, "files") not in have:
-                    split(d, "files", prefix, [], direct)
+                if direct:
+                    cover.append([prefix, d, "files"])
+                    if (d, "files") not in have:
+                        split(d, "files", prefix, [], direct)
                 nxt += [(e.digest, f"{prefix}{name}/") for name, e in sorted(node.items()) if e.is_dir]
             frontier = nxt
         if spine and not any(r.kind == "spine" for r in self._rows_for([root]).get(root, [])):
-            units.append(_Unit(root, "spine", 0, "", spine))
+            units.append(_Unit(root, "spine", 0, "", spine, cover=cover))
         return units
 
     # -- writing -------------------------------------------------------------------------
@@ -200,7 +207,8 @@ class Packing:
         with self.b.tx() as conn:
             conn.execute(insert(PK).values(digest=pack, tree=unit.tree, kind=unit.kind, part=unit.part,
                                            objects=len(index), bytes=sum(n for _, _, n in index),
-                                           search_index=index_digest, created_at=utcnow()))
+                                           search_index=index_digest, created_at=utcnow(),
+                                           cover=json.dumps(unit.cover) if unit.cover is not None else None))
             if index:  # a files pack of large files only holds none: its index is what it is for
                 conn.execute(insert(PO), [{"digest": d, "pack": pack, "offset": off, "length": n}
                                           for d, off, n in index])
@@ -226,8 +234,12 @@ class Packing:
     # -- reading -------------------------------------------------------------------------
     def covering(self, root: Digest, under: str = "") -> tuple[list[Covered], list[Digest]]:
         """The packed subtrees of ``root`` below directory ``under`` (tree packs, and
-        files packs of large directories), and the directories reached that no pack
-        covers. Loads spine packs (small) and unpacked nodes; never a tree pack."""
+        files packs of large directories), and the directories reached that hold
+        files no pack covers (none: every file below ``under`` is in a pack).
+
+        A whole tree (``under=""``) whose spine row records its cover costs two
+        row lookups and no object read; otherwise this walks the spine (loading
+        spine packs, which are small, and unpacked nodes; never a tree pack)."""
         key = f"covering:{root}:{under}"
         cached = self.b.cache.get(key)
         if cached is not None and (not cached[1] or time.monotonic() - cached[2] < _RECHECK_S):
@@ -238,8 +250,12 @@ class Packing:
         covered: list[Covered] = []
         uncovered: list[Digest] = []
         frontier = [(start, f"{under}/" if under else "")]
+        rows = self._rows_for([start])
+        summary = next((r.cover for r in rows.get(start, ()) if r.kind == "spine" and r.cover), None)
+        recorded = self._recorded_cover(summary) if summary is not None and not under else None
+        if recorded is not None:
+            covered, frontier = recorded, []
         while frontier:
-            rows = self._rows_for(d for d, _ in frontier)
             spines = [r.digest for d, _ in frontier for r in rows.get(d, ()) if r.kind == "spine"]
             if spines:
                 self.b.objects.load_packs(spines)
@@ -251,18 +267,37 @@ class Packing:
                     covered.append(Covered(prefix, "tree", trees))
                     continue
                 files = tuple(sorted((r for r in mine if r.kind == "files"), key=lambda r: r.part))
+                node = self.b.trees.load(d)
                 if files:
                     covered.append(Covered(prefix, "files", files))
-                else:
+                elif any(not e.is_dir for e in node.values()):
                     uncovered.append(d)
-                for name, e in sorted(self.b.trees.load(d).items()):
+                for name, e in sorted(node.items()):
                     if e.is_dir:
                         nxt.append((e.digest, f"{prefix}{name}/"))
             frontier = nxt
+            if frontier:
+                rows = self._rows_for(d for d, _ in frontier)
         # a tree never changes; an answer with unpacked parts is asked again after
         # _RECHECK_S, so packs the background job writes meanwhile are found
         self.b.cache.add(key, (covered, uncovered, time.monotonic()), 200 + 300 * (len(covered) + len(uncovered)))
         return covered, uncovered
+
+    def _recorded_cover(self, cover_json: str) -> list[Covered] | None:
+        """The units a spine row's cover names, with their rows; None if any of them
+        has no row (a pack was removed since: the caller walks the spine instead)."""
+        try:
+            entries = [(str(p), str(t), str(k)) for p, t, k in json.loads(cover_json)]
+        except (ValueError, TypeError):
+            return None
+        rows = self._rows_for(t for _, t, _ in entries)
+        out: list[Covered] = []
+        for prefix, tree, kind in entries:
+            mine = tuple(sorted((r for r in rows.get(tree, ()) if r.kind == kind), key=lambda r: r.part))
+            if not mine:
+                return None
+            out.append(Covered(prefix, kind, mine))
+        return out
 
     def prefetch(self, root: Digest, under: str = "") -> int:
         """Load every pack of the subtree (in parallel), so a whole-tree read costs a
@@ -294,47 +329,46 @@ class Packing:
             out[d] = obj
         return out
 
-    def search_candidates(self, rows: Iterable[Any], query: Query) -> dict[str, tuple[Set[str], dict[str, Digest]]]:
-        """For each pack row with a search index, by index digest: (every relative
-        path the index lists, {relative path: digest} of the files that may match
-        ``query``: a superset of the listed files that match).
+    def search_candidates(self, rows: Iterable[Any], query: Query
+                          ) -> dict[str, tuple[Callable[[], Set[str]], dict[str, Digest]]]:
+        """For each pack row with a search index, by index digest: (a function giving
+        every relative path the index lists, {relative path: digest} of the files that
+        may match ``query``: a superset of the listed files that match).
 
-        The indexes are read in parallel; a format-2 index reads its directory,
-        then the few shards the query needs, then the frames of the pack that
-        hold its candidates (one ranged read each, checked against the frame's
-        hash), so the candidates' contents are in the object cache afterwards."""
-        rows = [r for r in rows if r.search_index]
-        decoded = self.indexes(r.search_index for r in rows)
-        need = {sh: idx.width for idx in decoded.values() if isinstance(idx, IndexDirectory)
-                for sh in idx.shards_for(query)}
-        shards = self._decoded("ixshard:", need, lambda d, raw: IndexShard.decode(raw, need[d]))
-        out: dict[str, tuple[Set[str], dict[str, Digest]]] = {}
+        Each index is one chain of reads, and the chains run side by side: a
+        format-2 index reads its directory, then the few shards the query needs,
+        then the frames of the pack that hold its candidates (one ranged read per
+        run of nearby frames, each frame checked against its hash), so the
+        candidates' contents are in the object cache afterwards."""
+        unique = list({r.search_index: r for r in rows if r.search_index}.values())
+        found = self.b.in_parallel(lambda r: self._candidates_of(r, query), unique)
+        return {r.search_index: f for r, f in zip(unique, found)}
+
+    def _candidates_of(self, row: Any, query: Query) -> tuple[Callable[[], Set[str]], dict[str, Digest]]:
+        idx = self.indexes([row.search_index])[row.search_index]
+        if isinstance(idx, SearchIndex):
+            files = dict(idx.files)
+            return (lambda: set(files)), {rel: Digest(files[rel]) for rel in idx.candidates(query)}
+        need = {sh: idx.width for sh in idx.shards_for(query)}
+        shards = self._decoded("ixshard:", need, lambda d, raw: IndexShard.decode(raw, need[d])) if need else {}
+        hits: dict[str, Digest] = {}
         frames: list[tuple[str, FrameLocation]] = []
-        pending: list[tuple[str, IndexDirectory, int]] = []  # (index digest, index, ordinal) per entry of frames
-        cache = self.b.cache
-        for r in rows:
-            idx = decoded[r.search_index]
-            if isinstance(idx, SearchIndex):
-                files = dict(idx.files)
-                out[r.search_index] = (set(files), {rel: Digest(files[rel]) for rel in idx.candidates(query)})
+        pending: list[int] = []  # the ordinal of each entry of frames
+        paths, known, cache = idx.paths, idx.found, self.b.cache
+        for i in idx.candidates(query, shards):
+            d = known.get(i)
+            if d is not None and d in cache:  # read before and still cached: nothing to locate
+                hits[paths[i]] = d  # type: ignore[assignment]
                 continue
-            hits: dict[str, Digest] = {}
-            paths, found = idx.paths, idx.found
-            for i in idx.candidates(query, shards):
-                d = found.get(i)
-                if d is not None and d in cache:  # read before and still cached: nothing to locate
-                    hits[paths[i]] = d  # type: ignore[assignment]
-                    continue
-                loc = idx.location(i)
-                if isinstance(loc, str):
-                    hits[paths[i]] = Digest(loc)
-                else:
-                    frames.append((r.digest, loc))
-                    pending.append((r.search_index, idx, i))
-            out[r.search_index] = (idx.listed(), hits)
+            loc = idx.location(i)
+            if isinstance(loc, str):
+                hits[paths[i]] = Digest(loc)
+            else:
+                frames.append((row.digest, loc))
+                pending.append(i)
         if frames:
             got = self.b.objects.read_frames(frames)
-            for key, (index_digest, idx, i) in zip(frames, pending):
-                idx.found[i] = d = got[key]
-                out[index_digest][1][idx.paths[i]] = d
-        return out
+            for key, i in zip(frames, pending):
+                known[i] = d = got[key]
+                hits[paths[i]] = d
+        return idx.listed, hits

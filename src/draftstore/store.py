@@ -141,8 +141,10 @@ class Store:
         return store
 
     def _warm_up(self) -> None:
-        """Compile the statements of a first read (a view, the pack rows of a tree) on
-        open, so the first request does not pay it. Failures are left to that request."""
+        """Compile the statements of a first read (a view, the pack rows of a tree) and
+        start the read pool on open, so the first request does not pay it. Failures are
+        left to that request."""
+        self._b.start_readers()
         try:
             self._states.warm_up()
             self._packing.warm_up()

@@ -260,26 +260,30 @@ class View:
         base = glob_base(glob) if glob else ""
         if base and not self.is_dir(base):
             return SearchResult()
-        units = self._index_units(pattern, regex, ignore_case, base)
-        if units is None:
+        indexed = self._index_units(pattern, regex, ignore_case, base)
+        if indexed is None:
             selected: Any = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
         else:
-            selected = self._candidates(units, base)
+            units, complete = indexed
+            selected = self._candidates(units, base, complete)
             if rx is not None:
                 selected = [(p, d) for p, d in selected if rx.match(p)]
         return searcher.run(self._prefetched(iter(selected)))
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
-        """The trigram indexes of the packed subtrees below ``base``: prefix -> (kind,
-        {listed relative paths}, {candidate relative path: digest}); None when no index
-        can narrow this search (no packs, or a pattern nothing is certain of)."""
+        """The trigram indexes of the packed subtrees below ``base``: (prefix -> (kind,
+        {listed relative paths}, {candidate relative path: digest}), complete: every
+        file below ``base`` is listed by one of them); None when no index can narrow
+        this search (no packs, or a pattern nothing is certain of)."""
         if self._packing is None:
             return None
         query = required_trigrams(pattern, regex, ignore_case)
         if query is None:
             return None
-        covered, _ = self._packing.covering(self.root, base)
-        covered = [c for c in covered if all(row.search_index for row in c.rows)]  # else: file by file
+        covered, uncovered = self._packing.covering(self.root, base)
+        indexed = [c for c in covered if all(row.search_index for row in c.rows)]  # else: file by file
+        complete = not uncovered and len(indexed) == len(covered)
+        covered = indexed
         found = self._packing.search_candidates((row for c in covered for row in c.rows), query)
         units: dict[str, tuple[str, set[str], dict[str, Digest]]] = {}
         for c in covered:
@@ -288,15 +292,16 @@ class View:
             for row in c.rows:
                 paths, mine = found[row.search_index]
                 if c.kind == "files":
-                    listed |= paths
+                    listed |= paths()
                 hits.update(mine)
             units[c.prefix] = (c.kind, listed, hits)
-        return units or None
+        return (units, complete) if units else None
 
     def _candidates(self, units: dict[str, tuple[str, set[str], dict[str, Digest]]],
-                    base: str) -> list[tuple[str, Digest]]:
+                    base: str, complete: bool) -> list[tuple[str, Digest]]:
         """The files that may match, in path order: index candidates of packed subtrees,
-        every file no index lists, and every file the overlay writes."""
+        every file no index lists (none when ``complete``: no tree node is read), and
+        every file the overlay writes."""
         overlay = self._overlay
         out: list[tuple[str, Any]] = []
         for prefix, (_, _, hits) in units.items():
@@ -316,7 +321,7 @@ class View:
 
         start = self._trees.dir_digest(self.root, base) if base else self.root
         prefix = f"{base}/" if base else ""
-        if start is not None and prefix not in whole:
+        if not complete and start is not None and prefix not in whole:
             out.extend(walk(start, prefix))
         out.extend((p, v.digest) for p, v in overlay.items() if v is not None and p.startswith(prefix))
         out.sort()

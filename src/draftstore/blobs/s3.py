@@ -20,6 +20,7 @@ Error mapping at this boundary (botocore never leaks out):
 from __future__ import annotations
 
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NoReturn, TypeVar
@@ -40,6 +41,7 @@ from ..digest import Digest, digest_of
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
+from .s3reads import LeanReader
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -122,6 +124,7 @@ class S3BlobStore(BlobStoreBase):
         read_timeout_s: float = 10.0,
         max_attempts: int = 3,
         addressing_style: str | None = None,
+        lean_reads: bool = True,
         check: bool = True,
     ) -> None:
         super().__init__(cache)
@@ -144,6 +147,7 @@ class S3BlobStore(BlobStoreBase):
         if query:
             self.url += "?" + urlencode(query)
 
+        style = addressing_style or ("path" if endpoint_url else "auto")
         config = Config(
             # Small objects dominate (tree nodes, file blobs): fail fast on a dead
             # endpoint, retry transient errors a few times with jittered backoff,
@@ -157,7 +161,7 @@ class S3BlobStore(BlobStoreBase):
             tcp_keepalive=True,
             # A custom endpoint (SeaweedFS, MinIO, a loopback address) rarely has
             # per-bucket DNS names; path-style addressing works everywhere there.
-            s3={"addressing_style": addressing_style or ("path" if endpoint_url else "auto")},
+            s3={"addressing_style": style},
         )
         # A private Session: boto3's default session is not safe to share across threads.
         session = boto3.session.Session(
@@ -171,8 +175,19 @@ class S3BlobStore(BlobStoreBase):
         except (BotoCoreError, ValueError) as exc:
             raise ConfigInvalid(f"cannot configure S3 client for {self.url}: {exc}", url=self.url) from exc
         self._client.meta.events.register_first("before-send.s3.PutObject", _no_expect_continue)
+        # GETs skip botocore's request pipeline (s3reads); path-style endpoints only
+        self._reader: LeanReader | None = None
+        credentials = session.get_credentials() if lean_reads and endpoint_url and style == "path" else None
+        if credentials is not None:
+            self._reader = LeanReader(endpoint_url or "", bucket, credentials,
+                                      self._client.meta.region_name or "us-east-1",
+                                      connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
+                                      max_attempts=max_attempts)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
+        # requests sent, by kind (get, get_range, head, put): for operators and benchmarks
+        self.calls: Counter[str] = Counter()
+        self._calls_lock = threading.Lock()
         if check:
             self._check_bucket(create)
             self._warm_up()
@@ -185,7 +200,9 @@ class S3BlobStore(BlobStoreBase):
         Also ``connect_timeout`` and ``read_timeout`` (seconds, default 3 and
         10) and ``max_attempts`` (attempts per request, retries included,
         default 3): how long an operation waits on a dead or hung endpoint
-        before it fails with ``backend.unavailable``.
+        before it fails with ``backend.unavailable``. ``lean_reads=0`` sends GETs
+        through botocore too (by default a path-style store signs them with
+        botocore and sends them itself: ``s3reads``).
 
         Raises ``config.invalid`` on a malformed URL and ``backend.unavailable``
         if the bucket cannot be reached.
@@ -196,7 +213,7 @@ class S3BlobStore(BlobStoreBase):
         if parts.username or parts.password:
             raise ConfigInvalid("credentials do not belong in the blob URL; use the AWS_* environment variables")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        known = {"endpoint_url", "region", "create", "workers", "addressing_style",
+        known = {"endpoint_url", "region", "create", "workers", "addressing_style", "lean_reads",
                  "connect_timeout", "read_timeout", "max_attempts"}
         unknown = set(query) - known
         if unknown:
@@ -225,6 +242,7 @@ class S3BlobStore(BlobStoreBase):
             create=query.get("create", "").lower() in _TRUE,
             workers=workers,
             addressing_style=query.get("addressing_style") or None,
+            lean_reads=query.get("lean_reads", "1").lower() in _TRUE,
             cache=cache,
             **kwargs,
         )
@@ -259,9 +277,10 @@ class S3BlobStore(BlobStoreBase):
             self._raise("create bucket", exc)
 
     def _warm_up(self) -> None:
-        """Pay the fixed costs of the first read now, not in a request: botocore's
-        first GetObject (its operation model, serializer, handlers; one GET of a key
-        that does not exist) and the start of the worker threads of parallel reads."""
+        """Pay the fixed costs of the first read now, not in a request: the first
+        GET (one of a key that does not exist: the lean reader's connection, or
+        botocore's operation model, serializer and handlers) and the start of the
+        worker threads of parallel reads, each with its connection open."""
         try:
             self._get_raw("objects/.warm-up")
         except (BackendError, BackendUnavailable):
@@ -270,6 +289,8 @@ class S3BlobStore(BlobStoreBase):
         started = threading.Barrier(self.workers + 1)
 
         def wait() -> None:
+            if self._reader is not None:
+                self._reader.warm()
             try:
                 started.wait(timeout=2.0)
             except threading.BrokenBarrierError:
@@ -314,13 +335,21 @@ class S3BlobStore(BlobStoreBase):
     def _key(self, key: str) -> str:
         return self.prefix + key
 
+    def _count(self, op: str) -> None:
+        with self._calls_lock:
+            self.calls[op] += 1
+
     def _put_raw(self, key: str, data: bytes) -> None:
+        self._count("put")
         try:
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
         except (ClientError, BotoCoreError) as exc:
             self._raise("put", exc, key)
 
     def _get_raw(self, key: str) -> bytes | None:
+        self._count("get")
+        if self._reader is not None:
+            return self._reader.get(self._key(key))
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
             return resp["Body"].read()
@@ -332,8 +361,11 @@ class S3BlobStore(BlobStoreBase):
             self._raise("get", exc, key)
 
     def _get_range_raw(self, key: str, start: int, length: int) -> bytes | None:
+        self._count("get_range")
         if length <= 0:
             return b""
+        if self._reader is not None:
+            return self._reader.get_range(self._key(key), start, length)
         try:
             resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key),
                                            Range=f"bytes={start}-{start + length - 1}")
@@ -352,6 +384,7 @@ class S3BlobStore(BlobStoreBase):
         return self._modified_raw(key) is not None
 
     def _modified_raw(self, key: str) -> float | None:
+        self._count("head")
         try:
             return self._client.head_object(Bucket=self.bucket, Key=self._key(key))["LastModified"].timestamp()
         except ClientError as exc:
@@ -478,6 +511,8 @@ class S3BlobStore(BlobStoreBase):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
+        if self._reader is not None:
+            self._reader.close()
         try:
             self._client.close()
         except Exception:  # closing is best effort; nothing to recover

@@ -242,6 +242,8 @@ class PackRow(SQLModel, table=True):
     objects: int = 0
     bytes: int = 0  # uncompressed
     search_index: str | None = Field(default=None, max_length=DIGEST)  # trigram index of its files
+    # spine rows: JSON [[prefix, tree, kind], ...], the tree/files packs covering every file of the tree
+    cover: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     created_at: datetime = Field(sa_column=_ts())
 
 
