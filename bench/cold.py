@@ -76,14 +76,16 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
     urls = {"database_url": ctx.env.database_url, "blob_url": ctx.env.blob_url, "coord_url": ctx.env.coord_url}
     if "cold_search" in wanted:
         project = ctx.project(10_000)
-        # earlier scenarios published versions of this project; the service's background
-        # worker packs (and indexes) each new version within DRAFTSTORE_BACKGROUND_INTERVAL_S:
+        # earlier scenarios published versions of this project and sealed writes into its
+        # draft; the service's background worker packs (and indexes) each new version and
+        # draft tree within DRAFTSTORE_BACKGROUND_INTERVAL_S:
         # do that work now, untimed, so the first search meets the state a service holds
         t0 = time.perf_counter()
         packed = 0
         while (done := store.run_background(limit=50)) and any(done.values()):
-            packed += done.get("versions_packed", 0)
-        progress(f"  background work before cold_search: {packed} version(s) packed in {time.perf_counter() - t0:.1f}s")
+            packed += done.get("versions_packed", 0) + done.get("drafts_packed", 0)
+        progress(f"  background work before cold_search: {packed} version(s) and draft tree(s) packed "
+                 f"in {time.perf_counter() - t0:.1f}s")
         runs = [json.loads(subprocess.run([sys.executable, "-c", _COLD, json.dumps(urls), project.id, NEEDLE, "5"],
                                           capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1])
                 for _ in range(3)]

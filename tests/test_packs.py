@@ -518,3 +518,38 @@ def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tre
     partial = store_factory()
     assert [(m.path, m.line_number) for m in partial.view(p.id).search_code(needle.decode(), max_results=10_000)
             ] == _grep(files, needle)
+
+
+def test_background_packs_an_open_drafts_sealed_tree_so_a_cold_search_of_the_draft_uses_indexes(
+        store: Store, store_factory: Any) -> None:
+    files = project_files(400, seed=12, root_files=2)
+    with mock.patch.object(packing_module, "MAX_PACK_FILES", 50):
+        p = store.create_project("draft-packs", files=files)
+        before = {r.digest for r in packs_in_store(store)}
+        t = store.start_turn(p.id, "change one file")
+        files["src/m002/s3/f233.py"] = b"DRAFT_ONLY_MARKER = 1\n"
+        store.write_file(t.id, "src/m002/s3/f233.py", files["src/m002/s3/f233.py"])
+        store.complete_turn(t.id, "done")  # sealed into the draft's tree
+        root = store.get_draft(p.id).root
+        assert root != store.get_version(p.current_version_id).root
+        with store.engine.connect() as conn:
+            assert conn.execute(sa.select(PK).where(PK.c.tree == root)).first() is None
+
+        done = store.run_background()
+        assert done["drafts_packed"] == 1 and done["versions_packed"] == 0
+        assert store.run_background()["drafts_packed"] == 0  # done once
+        new = [r for r in packs_in_store(store) if r.digest not in before]
+        # the changed directory's pack (the files of src/m002/s3) and the new spine, nothing else
+        assert sorted(r.kind for r in new) == ["spine", "tree"], new
+        assert json.loads(_spine(store, root).cover)
+
+        cold = store_factory()
+        res = cold.view(p.id).search_code("DRAFT_ONLY_MARKER", max_results=100)
+        assert [(m.path, m.line_number) for m in res] == [("src/m002/s3/f233.py", 1)]
+        assert res.files_searched == 1  # the index named the one candidate
+        assert [(m.path, m.line_number) for m in cold.view(p.id).search_code("'tag5'", max_results=10_000)
+                ] == _grep(files, b"'tag5'")
+
+        store.publish(p.id)  # the version's tree is the draft's: its packs are there already
+        assert store.run_background()["versions_packed"] == 1
+        assert {r.digest for r in packs_in_store(store)} == before | {r.digest for r in new}

@@ -341,8 +341,10 @@ class Packing:
         run of nearby frames, each frame checked against its hash), so the
         candidates' contents are in the object cache afterwards."""
         unique = list({r.search_index: r for r in rows if r.search_index}.values())
-        found = self.b.in_parallel(lambda r: self._candidates_of(r, query), unique)
-        return {r.search_index: f for r, f in zip(unique, found)}
+        cold = [r for r in unique if "index:" + r.search_index not in self.b.cache]
+        found = dict(zip((r.search_index for r in cold), self.b.in_parallel(lambda r: self._candidates_of(r, query), cold)))
+        # indexes in memory already: no thread hop (their candidates are most often cached too)
+        return {r.search_index: found.get(r.search_index) or self._candidates_of(r, query) for r in unique}
 
     def _candidates_of(self, row: Any, query: Query) -> tuple[Callable[[], Set[str]], dict[str, Digest]]:
         idx = self.indexes([row.search_index])[row.search_index]

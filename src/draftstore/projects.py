@@ -20,7 +20,7 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .backends import Backends
-from .db.tables import H, P, V, utcnow
+from .db.tables import PK, D, H, P, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
 from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
@@ -55,6 +55,7 @@ class Projects:
     def __init__(self, b: Backends, packing: Packing) -> None:
         self.b = b
         self.packing = packing
+        self._unpackable: set[str] = set()  # draft trees whose packing failed in this process
 
     # -- rows, for the other components ------------------------------------------------
     def load(self, conn: Connection, project_id: str, lock: bool = False) -> Any:
@@ -193,6 +194,34 @@ class Projects:
                 log.warning("packing version %s failed (attempt left for later): %s", r.id, exc)
                 with self.b.tx() as conn:
                     conn.execute(V.update().where(V.c.id == r.id).values(pack_attempts=V.c.pack_attempts + 1))
+            finally:
+                lock.release()
+        return packed
+
+    def pack_open_drafts(self, limit: int = 10) -> int:
+        """Write the packs of up to ``limit`` open drafts' sealed trees that have none
+        (a turn's end folded writes into a subtree: its new tree is packed and indexed
+        here, so a cold reader of the draft fetches packs, not its files one by one).
+        Returns how many trees were packed. A tree that fails is logged and skipped
+        for the rest of this process's life (the draft reads file by file meanwhile)."""
+        with self.b.tx(read_only=True) as conn:
+            roots = [r[0] for r in conn.execute(
+                sa.select(D.c.code_manifest_key).distinct()
+                .where(D.c.closed_at.is_(None), D.c.code_manifest_key != EMPTY_TREE,
+                       ~sa.exists().where(PK.c.tree == D.c.code_manifest_key))
+                .limit(limit + len(self._unpackable))).all() if r[0] not in self._unpackable][:limit]
+        packed = 0
+        for root in roots:
+            try:  # one packer per tree at a time, across processes
+                lock = self.b.coord.acquire(f"pack-tree:{root}", ttl_s=600, timeout_s=0)
+            except E.DraftstoreError:
+                continue
+            try:
+                self.packing.write(Digest(root))
+                packed += 1
+            except E.DraftstoreError as exc:
+                log.warning("packing draft tree %s failed (not tried again by this process): %s", root[:12], exc)
+                self._unpackable.add(root)
             finally:
                 lock.release()
         return packed

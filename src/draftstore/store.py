@@ -461,10 +461,13 @@ class Store:
         return self._snapshots.materialize(project_id, dest_dir, state, replace, progress, use_snapshot)
 
     def run_background(self, limit: int = 10) -> dict[str, int]:
-        """The work kept off request paths: write the packs of newly published versions, build
-        pending snapshots. Safe to run from many processes. Returns counts."""
+        """The work kept off request paths: write the packs of newly published versions and
+        of open drafts' sealed trees, build pending snapshots. Safe to run from many
+        processes. Returns counts."""
         packed = self._projects.pack_pending(limit)  # a failing version is logged and skipped
-        return {"versions_packed": packed, "snapshots_built": self._snapshots.build_pending(limit)}
+        drafts = self._projects.pack_open_drafts(limit)
+        return {"versions_packed": packed, "drafts_packed": drafts,
+                "snapshots_built": self._snapshots.build_pending(limit)}
 
     # ------------------------------------------------------------- maintenance
     def gc(self, dry_run: bool = True, *, progress: Any = None) -> GCStats:

@@ -260,7 +260,7 @@ def diff(a: str, b: str, stat: bool, as_json: bool) -> None:
 @click.argument("project", required=False)
 @click.option("--version", "version", help="a version id (default: head)")
 @click.option("--draft", is_flag=True, help="the draft (it must have no turn writing)")
-@click.option("--pending", is_flag=True, help="build the snapshots publish scheduled, and pack new versions")
+@click.option("--pending", is_flag=True, help="build the snapshots publish scheduled, pack new versions and drafts' trees")
 @json_option
 def snapshot(project: str | None, version: str | None, draft: bool, pending: bool, as_json: bool) -> None:
     """Build a sandbox snapshot (tar + zstd bundle) of a project's head, a version or its draft."""
@@ -270,7 +270,8 @@ def snapshot(project: str | None, version: str | None, draft: bool, pending: boo
             if as_json:
                 emit_json(done)
             else:
-                echo(f"{done['snapshots_built']} snapshots built, {done['versions_packed']} versions packed")
+                echo(f"{done['snapshots_built']} snapshots built, {done['versions_packed']} versions packed, "
+                     f"{done['drafts_packed']} draft trees packed")
             return
         if project is None:
             raise click.UsageError("give a PROJECT (or --pending)")
