@@ -187,6 +187,11 @@ class Backends:
             raise first
         return [f.result() for f in futures]
 
+    def beside(self, fn: Callable[..., R], *args: Any) -> Future[R]:
+        """Start ``fn(*args)`` on the read pool (a read the caller needs later); the
+        caller collects it with ``.result()``."""
+        return self._reads.submit(fn, *args)
+
     def start_readers(self) -> None:
         """Start the read pool's threads now, not in a request."""
         barrier = threading.Barrier(_READERS + 1)

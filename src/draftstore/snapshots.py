@@ -194,9 +194,12 @@ class Snapshots:
         _prepare(dest, replace)
         snap = self._usable(view, kind, source_id) if use_snapshot else None
         if snap is not None:
+            # the bundle's GET runs beside the walk of the tree every member is checked against
+            bundle = self.b.beside(self.b.blobs.get, Digest(snap.bundle_key))
             try:
-                raw = self.b.blobs.get(Digest(snap.bundle_key))
-                written = self._extract(raw, view, dest, progress)
+                self.packing.prefetch(view.root)  # the tree's packs in parallel, not node by node
+                expected = {path: st for path, st in view.iter_files()}
+                written = self._extract(bundle.result(), expected, dest, progress)
                 return Materialized("snapshot", *written, view.root, snap.id, kind, source_id,
                                     view.characters, view.world_settings)
             except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError) as exc:
@@ -222,14 +225,15 @@ class Snapshots:
                                .order_by(S.c.created_at.desc()).limit(1)).first()
         return None if row is None else snapshot_record(row)
 
-    def _extract(self, raw: bytes, view: View, dest: Path, progress: Progress | None) -> tuple[int, int]:
+    def _extract(self, raw: bytes, expected: dict[str, Any], dest: Path, progress: Progress | None
+                 ) -> tuple[int, int]:
         """Write the bundle's files. The bundle is content-addressed (its digest was
         verified as it was read) and was built from this very root; still, every
         member must be a regular file of the tree with its size, no file twice, and
         every file of the tree must be in it, or ``IntegrityError`` is raised and the
         bundle is not used (never a wrong tree). Modes come from the tree, never from
-        the bundle. Memory stays near one decompression window plus the largest file."""
-        expected = {path: st for path, st in view.iter_files()}
+        the bundle. ``expected``: the tree's files (path -> stat). Memory stays near one
+        decompression window plus the largest file."""
         total = 0
         writer = _Writer(dest, expected)
         for path, data in _tar_members(raw, max((st.size for st in expected.values()), default=0)):
