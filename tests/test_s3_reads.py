@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import Any
 
 import pytest
@@ -83,7 +84,10 @@ def test_a_dead_endpoint_fails_a_lean_read_as_backend_unavailable_after_its_atte
 
 
 def test_a_keep_alive_connection_closed_underneath_is_replaced_without_a_failed_read(real_s3: Any) -> None:
-    lean, plain = _pair(real_s3, f"stale-{os.urandom(3).hex()}")
+    prefix = f"stale-{os.urandom(3).hex()}"
+    # one attempt: only the reconnect of a stale connection, not a retry, can save this read
+    lean = S3BlobStore.from_url(real_s3.url(prefix) + "&max_attempts=1", cache=ObjectCache(0))
+    plain = S3BlobStore.from_url(real_s3.url(prefix) + "&lean_reads=0", cache=ObjectCache(0))
     try:
         d = plain.put(b"still here")
         assert lean.get(d) == b"still here"
@@ -105,3 +109,35 @@ def test_a_closed_store_refuses_lean_reads(real_s3: Any) -> None:
     with pytest.raises(Exception) as info:
         lean.get(d)
     assert getattr(info.value, "code", None) == "backend.error"
+
+
+def test_connections_of_threads_that_ended_are_closed(real_s3: Any) -> None:
+    lean, plain = _pair(real_s3, f"threads-{os.urandom(3).hex()}")
+    try:
+        d = plain.put(b"read by short-lived threads")
+        assert lean._reader is not None
+        before = lean._reader.open_connections()  # the transfer pool's, opened with the store
+        for _ in range(20):  # each thread reads once and ends, as a pruned worker thread does
+            t = threading.Thread(target=lambda: lean.get(d))
+            t.start()
+            t.join()
+        assert lean.get(d) == b"read by short-lived threads"
+        assert lean._reader.open_connections() <= before + 2
+    finally:
+        lean.close()
+        plain.close()
+    assert lean._reader.open_connections() == 0
+
+
+def test_a_missing_bucket_fails_a_lean_read_as_backend_unavailable_naming_it(real_s3: Any) -> None:
+    bucket = f"dstest-absent-{os.urandom(4).hex()}"
+    store = S3BlobStore(bucket, endpoint_url=real_s3.endpoint_url, region="us-east-1", check=False)
+    try:
+        assert store._reader is not None
+        for read in (lambda: store.get(Digest("3" * 64)), lambda: store.get_ranges([("3" * 64, 0, 10)])):
+            with pytest.raises(BackendUnavailable) as info:
+                read()
+            assert bucket in info.value.message
+            assert info.value.details["s3_code"] == "NoSuchBucket"
+    finally:
+        store.close()

@@ -11,7 +11,8 @@ a trigram index of its text files (``searchindex``), stored as its own object.
 
 Writes happen on import (``create_project``: the files go to packs, not one
 PUT each) and off the publish path (``pack_version``). Rows are committed
-only after every object they name is stored.
+only after every object they name is stored, and the parts of one pack root
+in one transaction (a reader finding one part finds them all).
 """
 
 from __future__ import annotations
@@ -175,12 +176,31 @@ class Packing:
         anywhere yet (an import); everything else is read through the store."""
         decoded = {d: entries for d, (_, entries) in (nodes or {}).items()}
         stats = PackStats()
-        for unit in self.plan(root, decoded):
-            self._write_unit(unit, nodes or {}, blobs or {}, stats)
+        units = self.plan(root, decoded)
+        group: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
+        for i, unit in enumerate(units):
+            group.append(self._store_unit(unit, nodes or {}, blobs or {}, stats))
+            nxt = units[i + 1] if i + 1 < len(units) else None
+            if nxt is None or (nxt.tree, nxt.kind) != (unit.tree, unit.kind):
+                # every part of a pack root in one transaction: a reader (or another
+                # packer's plan) that finds one part's row finds them all
+                self._commit(group)
+                group = []
         return stats
 
-    def _write_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes],
-                    stats: PackStats) -> None:
+    def _commit(self, group: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
+        # another process may write the same pack at the same time (same bytes, same digest): first one wins
+        insert = _insert_ignoring_duplicates(self.b)
+        with self.b.tx() as conn:
+            for pack_row, object_rows in group:
+                conn.execute(insert(PK).values(**pack_row))
+                if object_rows:  # a files pack of large files only holds none: its index is what it is for
+                    conn.execute(insert(PO), object_rows)
+
+    def _store_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes],
+                    stats: PackStats) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        """Store one unit's objects (pack, index, files too large to pack); returns its
+        ``pack`` row and ``pack_object`` rows, for the caller to commit."""
         node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.b.trees.load(d))) for d in unit.nodes]
         everything = unit.files + unit.loose
         wanted = [e.digest for _, e in everything if e.digest not in blobs]
@@ -202,20 +222,14 @@ class Packing:
             stored += len(directory) + sum(map(len, shards))
         pack = self.b.blobs.put(raw)
         faults.point("pack.after_upload")
-        # another process may write the same pack at the same time (same bytes, same digest): first one wins
-        insert = _insert_ignoring_duplicates(self.b)
-        with self.b.tx() as conn:
-            conn.execute(insert(PK).values(digest=pack, tree=unit.tree, kind=unit.kind, part=unit.part,
-                                           objects=len(index), bytes=sum(n for _, _, n in index),
-                                           search_index=index_digest, created_at=utcnow(),
-                                           cover=json.dumps(unit.cover) if unit.cover is not None else None))
-            if index:  # a files pack of large files only holds none: its index is what it is for
-                conn.execute(insert(PO), [{"digest": d, "pack": pack, "offset": off, "length": n}
-                                          for d, off, n in index])
         stats.packs += 1
         stats.objects += len(index)
         stats.bytes += sum(n for _, _, n in index)
         stats.stored_bytes += stored
+        return ({"digest": pack, "tree": unit.tree, "kind": unit.kind, "part": unit.part, "objects": len(index),
+                 "bytes": sum(n for _, _, n in index), "search_index": index_digest, "created_at": utcnow(),
+                 "cover": json.dumps(unit.cover) if unit.cover is not None else None},
+                [{"digest": d, "pack": pack, "offset": off, "length": n} for d, off, n in index])
 
     def import_tree(self, files: Mapping[str, bytes], executable: frozenset[str]) -> tuple[Digest, int, PackStats]:
         """Store new files as a tree written in packs (no PUT per file). Returns (root, files, stats)."""
@@ -299,11 +313,12 @@ class Packing:
             out.append(Covered(prefix, kind, mine))
         return out
 
-    def prefetch(self, root: Digest, under: str = "") -> int:
+    def prefetch(self, root: Digest, under: str = "", kinds: Set[str] = frozenset({"tree", "files"})) -> int:
         """Load every pack of the subtree (in parallel), so a whole-tree read costs a
-        few GETs, not one per file. Returns how many packs are in memory for it."""
+        few GETs, not one per file; ``kinds={"tree"}``: only the packs that hold tree
+        nodes (a walk). Returns how many packs are in memory for it."""
         covered, _ = self.covering(root, under)
-        packs = [r.digest for c in covered for r in c.rows]
+        packs = [r.digest for c in covered if c.kind in kinds for r in c.rows]
         self.b.objects.load_packs(packs)
         return len(packs)
 

@@ -202,8 +202,9 @@ class Projects:
         """Write the packs of up to ``limit`` open drafts' sealed trees that have none
         (a turn's end folded writes into a subtree: its new tree is packed and indexed
         here, so a cold reader of the draft fetches packs, not its files one by one).
-        Returns how many trees were packed. A tree that fails is logged and skipped
-        for the rest of this process's life (the draft reads file by file meanwhile)."""
+        Returns how many trees were packed. A tree that fails for a reason other than
+        an unavailable backend is logged and skipped for the rest of this process's
+        life (the draft reads file by file meanwhile)."""
         with self.b.tx(read_only=True) as conn:
             roots = [r[0] for r in conn.execute(
                 sa.select(D.c.code_manifest_key).distinct()
@@ -219,6 +220,8 @@ class Projects:
             try:
                 self.packing.write(Digest(root))
                 packed += 1
+            except E.BackendUnavailable as exc:  # passing: the next run tries again
+                log.warning("packing draft tree %s failed (tried again later): %s", root[:12], exc)
             except E.DraftstoreError as exc:
                 log.warning("packing draft tree %s failed (not tried again by this process): %s", root[:12], exc)
                 self._unpackable.add(root)

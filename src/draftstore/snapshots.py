@@ -196,9 +196,11 @@ class Snapshots:
         if snap is not None:
             # the bundle's GET runs beside the walk of the tree every member is checked against
             bundle = self.b.beside(self.b.blobs.get, Digest(snap.bundle_key))
+            # the packs holding the tree's nodes in parallel, not node by node; a tree that
+            # cannot be read fails here, and says so: it is not the bundle's fault
+            self.packing.prefetch(view.root, kinds={"tree"})
+            expected = {path: st for path, st in view.iter_files()}
             try:
-                self.packing.prefetch(view.root)  # the tree's packs in parallel, not node by node
-                expected = {path: st for path, st in view.iter_files()}
                 written = self._extract(bundle.result(), expected, dest, progress)
                 return Materialized("snapshot", *written, view.root, snap.id, kind, source_id,
                                     view.characters, view.world_settings)

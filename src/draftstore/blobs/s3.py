@@ -20,6 +20,7 @@ Error mapping at this boundary (botocore never leaks out):
 from __future__ import annotations
 
 import threading
+import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -41,7 +42,7 @@ from ..digest import Digest, digest_of
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
-from .s3reads import LeanReader
+from .s3reads import AUTH_CODES, TRANSIENT_CODES, LeanReader
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -54,16 +55,8 @@ DEFAULT_WORKERS = 16
 _NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
 _NO_BUCKET_CODES = {"NoSuchBucket"}
 # Rejected identity: the store is there but we cannot use it.
-_AUTH_CODES = {
-    "403",
-    "AccessDenied",
-    "InvalidAccessKeyId",
-    "SignatureDoesNotMatch",
-    "InvalidToken",
-    "ExpiredToken",
-    "AuthorizationHeaderMalformed",
-}
-_TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "503", "500"}
+_AUTH_CODES = {"403"} | AUTH_CODES
+_TRANSIENT_CODES = {"503", "500"} | TRANSIENT_CODES
 
 _TRUE = {"1", "true", "yes", "on"}
 
@@ -92,6 +85,14 @@ def _no_expect_continue(request: Any, **_: Any) -> None:
 
 
 _EXPECT_CONTINUE_ABOVE = 8 * 1024 * 1024
+
+
+def _proxied(endpoint_url: str) -> bool:
+    """True if the environment sends requests to ``endpoint_url`` through a proxy
+    (``HTTP(S)_PROXY`` without a ``NO_PROXY`` match): botocore honours that, the
+    lean reader does not, so such a store reads through botocore."""
+    parts = urlsplit(endpoint_url)
+    return bool(urllib.request.getproxies().get(parts.scheme)) and not urllib.request.proxy_bypass(parts.netloc)
 
 
 class S3BlobStore(BlobStoreBase):
@@ -177,7 +178,8 @@ class S3BlobStore(BlobStoreBase):
         self._client.meta.events.register_first("before-send.s3.PutObject", _no_expect_continue)
         # GETs skip botocore's request pipeline (s3reads); path-style endpoints only
         self._reader: LeanReader | None = None
-        credentials = session.get_credentials() if lean_reads and endpoint_url and style == "path" else None
+        lean = lean_reads and endpoint_url and style == "path" and not _proxied(endpoint_url)
+        credentials = session.get_credentials() if lean else None
         if credentials is not None:
             self._reader = LeanReader(endpoint_url or "", bucket, credentials,
                                       self._client.meta.region_name or "us-east-1",
@@ -361,9 +363,9 @@ class S3BlobStore(BlobStoreBase):
             self._raise("get", exc, key)
 
     def _get_range_raw(self, key: str, start: int, length: int) -> bytes | None:
-        self._count("get_range")
         if length <= 0:
             return b""
+        self._count("get_range")
         if self._reader is not None:
             return self._reader.get_range(self._key(key), start, length)
         try:

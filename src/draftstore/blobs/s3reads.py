@@ -34,7 +34,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, NoReturn
+from typing import Any
 from urllib.parse import quote, urlsplit
 
 from botocore.auth import S3SigV4Auth
@@ -45,10 +45,15 @@ from ..errors import BackendError, BackendUnavailable
 __all__ = ["LeanReader"]
 
 _CODE = re.compile(rb"<Code>([^<]{1,100})</Code>")
-_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
-               "AuthorizationHeaderMalformed"}
+# the S3 error codes the store maps (``s3.py`` maps botocore's errors with the same sets)
+AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "InvalidToken", "ExpiredToken",
+              "AuthorizationHeaderMalformed"}
+TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTimeout", "RequestTimeoutException",
+                   "Throttling", "ThrottlingException", "ThrottledException", "RequestThrottled",
+                   "RequestThrottledException", "RequestLimitExceeded", "TooManyRequestsException",
+                   "PriorRequestNotComplete", "BandwidthLimitExceeded", "EC2ThrottledException"}
 _NO_BUCKET = "NoSuchBucket"
-_TRANSIENT_STATUS = {500, 502, 503, 504}
+_RETRY_STATUS = {429, 500, 502, 503, 504}  # retried, as botocore's standard mode does
 # what a reused keep-alive connection raises when the server closed it meanwhile
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
@@ -70,7 +75,8 @@ class LeanReader:
         self._port = parts.port or (443 if self._https else 80)
         self._origin = f"{parts.scheme}://{parts.netloc}"
         default = 443 if self._https else 80
-        self._host_header = parts.hostname + (f":{parts.port}" if parts.port and parts.port != default else "")
+        host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname  # an IPv6 literal
+        self._host_header = host + (f":{parts.port}" if parts.port and parts.port != default else "")
         self._base = parts.path.rstrip("/") + f"/{quote(bucket, safe='')}/"
         self.bucket = bucket
         self._credentials = credentials
@@ -80,19 +86,21 @@ class LeanReader:
         self._attempts = max(1, max_attempts)
         self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None) if self._https else None
         self._local = threading.local()
-        self._conns: list[http.client.HTTPConnection] = []
+        # every open connection, by the thread it belongs to: one of a thread that has ended is
+        # closed when the next connection opens (pool threads come and go)
+        self._conns: dict[threading.Thread, http.client.HTTPConnection] = {}
         self._lock = threading.Lock()
         self._closed = False
 
     # -- the two reads ----------------------------------------------------------------
     def get(self, key: str) -> bytes | None:
         """The object at ``key``, or None if there is none."""
-        status, body = self._request(key, None)
+        status, body = self._request(key, None, "get")
         return None if status == 404 else body
 
     def get_range(self, key: str, start: int, length: int) -> bytes | None:
         """``length`` bytes from ``start`` (cut short at the end; ``b""`` past it), or None."""
-        status, body = self._request(key, f"bytes={start}-{start + length - 1}")
+        status, body = self._request(key, f"bytes={start}-{start + length - 1}", "get range")
         if status == 404:
             return None
         if status == 416:
@@ -109,7 +117,7 @@ class LeanReader:
             pass  # the first real read retries, and says so, typed
 
     # -- one request, retried -------------------------------------------------------------
-    def _request(self, key: str, byte_range: str | None) -> tuple[int, bytes]:
+    def _request(self, key: str, byte_range: str | None, op: str) -> tuple[int, bytes]:
         path = self._base + quote(key, safe="/-_.~")
         last: Exception | None = None
         for attempt in range(self._attempts):
@@ -123,21 +131,24 @@ class LeanReader:
             if status in (200, 206, 416):
                 return status, body
             code = _error_code(body)
-            if status == 404:
-                if code == _NO_BUCKET:
-                    self._fail(BackendUnavailable, f"S3 bucket {self.bucket!r} does not exist (get)", code)
+            details = {"bucket": self.bucket, "operation": op, "s3_code": code or str(status)}
+            if status == 404 and code != _NO_BUCKET:
                 return status, b""
-            if status in _TRANSIENT_STATUS or code == "SlowDown":
-                last = BackendUnavailable(f"S3 answered {status} {code}".strip())
+            if status in _RETRY_STATUS or code in TRANSIENT_CODES:
+                last = BackendUnavailable(f"S3 answered {status} {code}".strip(), **details)
                 continue
-            if status == 403 or code in _AUTH_CODES:
-                self._fail(BackendUnavailable, f"S3 rejected the credentials for bucket {self.bucket!r} "
-                           f"(get: {code or status})", code or str(status))
-            self._fail(BackendError, f"S3 error during get on s3://{self.bucket}/{key}: {code or status}",
-                       code or str(status))
+            if code == _NO_BUCKET:
+                raise BackendUnavailable(f"S3 bucket {self.bucket!r} does not exist ({op})", **details)
+            if code in AUTH_CODES or (status == 403 and not code):
+                raise BackendUnavailable(f"S3 rejected the credentials for bucket {self.bucket!r} "
+                                         f"({op}: {code or status})", **details)
+            if status >= 500:
+                raise BackendUnavailable(f"S3 unavailable during {op} on s3://{self.bucket}/{key}: "
+                                         f"{code or status}", **details)
+            raise BackendError(f"S3 error during {op} on s3://{self.bucket}/{key}: {code or status}", **details)
         raise BackendUnavailable(
-            f"S3 endpoint {self._origin} unavailable during get of s3://{self.bucket}/{key} "
-            f"after {self._attempts} attempt(s): {last}", bucket=self.bucket, operation="get",
+            f"S3 endpoint {self._origin} unavailable during {op} of s3://{self.bucket}/{key} "
+            f"after {self._attempts} attempt(s): {last}", bucket=self.bucket, operation=op,
         ) from last
 
     def _send(self, path: str, byte_range: str | None) -> tuple[int, bytes]:
@@ -185,20 +196,26 @@ class LeanReader:
         conn = getattr(self._local, "conn", None)
         if conn is not None and conn.sock is not None:
             return conn
-        if self._closed:
-            raise BackendError("the S3 blob store is closed", bucket=self.bucket)
         if self._https:
             conn = http.client.HTTPSConnection(self._host, self._port, timeout=self._connect_timeout,
                                                context=self._ssl)
         else:
             conn = http.client.HTTPConnection(self._host, self._port, timeout=self._connect_timeout)
-        conn.connect()
+        me = threading.current_thread()
+        with self._lock:
+            if self._closed:
+                raise BackendError("the S3 blob store is closed", bucket=self.bucket)
+            ended = [t for t in self._conns if not t.is_alive()]
+            stale = [self._conns.pop(t) for t in ended]
+            old = self._conns.pop(me, None)
+            self._conns[me] = conn
+        for c in stale + ([old] if old is not None else []):
+            c.close()
+        conn.connect()  # on a failure the caller drops it
         assert conn.sock is not None
         conn.sock.settimeout(self._read_timeout)
         conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self._local.conn = conn
-        with self._lock:
-            self._conns.append(conn)
         return conn
 
     def _drop(self, conn: http.client.HTTPConnection) -> None:
@@ -206,19 +223,22 @@ class LeanReader:
         if getattr(self._local, "conn", None) is conn:
             self._local.conn = None
         with self._lock:
-            if conn in self._conns:
-                self._conns.remove(conn)
+            me = threading.current_thread()
+            if self._conns.get(me) is conn:
+                del self._conns[me]
+
+    def open_connections(self) -> int:
+        """Connections open now (one per thread that has read, at most)."""
+        with self._lock:
+            return len(self._conns)
 
     def close(self) -> None:
         """Close every thread's connection. Idempotent; later reads raise ``backend.error``."""
         with self._lock:
             self._closed = True
-            conns, self._conns = self._conns, []
+            conns, self._conns = list(self._conns.values()), {}
         for conn in conns:
             conn.close()
-
-    def _fail(self, kind: type[Exception], message: str, code: str) -> NoReturn:
-        raise kind(message, bucket=self.bucket, operation="get", s3_code=code)
 
 
 def _error_code(body: bytes) -> str:
