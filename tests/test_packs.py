@@ -528,18 +528,25 @@ def test_background_packs_an_open_drafts_sealed_tree_so_a_cold_search_of_the_dra
     files = project_files(400, seed=12, root_files=2)
     with mock.patch.object(packing_module, "MAX_PACK_FILES", 50):
         p = store.create_project("draft-packs", files=files)
+        small = store.create_project("small-draft", files={f"f{i}.py": b"x = %d\n" % i for i in range(20)})
         before = {r.digest for r in packs_in_store(store)}
         t = store.start_turn(p.id, "change one file")
         files["src/m002/s3/f233.py"] = b"DRAFT_ONLY_MARKER = 1\n"
         store.write_file(t.id, "src/m002/s3/f233.py", files["src/m002/s3/f233.py"])
         store.complete_turn(t.id, "done")  # sealed into the draft's tree
+        ts = store.start_turn(small.id, "change a small tree")
+        store.write_file(ts.id, "f3.py", b"x = 'changed'\n")
+        store.complete_turn(ts.id, "done")  # one pack: left to publish, not repacked at every turn's end
         root = store.get_draft(p.id).root
         assert root != store.get_version(p.current_version_id).root
         with store.engine.connect() as conn:
             assert conn.execute(sa.select(PK).where(PK.c.tree == root)).first() is None
 
         done = store.run_background()
-        assert done["drafts_packed"] == 1 and done["versions_packed"] == 0
+        assert done["drafts_packed"] == 1 and done["versions_packed"] == 0  # the large draft's tree only
+        with store.engine.connect() as conn:
+            small_root = store.get_draft(small.id).root
+            assert conn.execute(sa.select(PK).where(PK.c.tree == small_root)).first() is None
         assert store.run_background()["drafts_packed"] == 0  # done once
         new = [r for r in packs_in_store(store) if r.digest not in before]
         # the changed directory's pack (the files of src/m002/s3) and the new spine, nothing else

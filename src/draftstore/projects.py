@@ -24,6 +24,7 @@ from .db.tables import PK, D, H, P, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
 from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
+from . import packing as packing_module
 from .packing import Packing
 
 __all__ = ["Projects", "project_record", "version_record"]
@@ -201,7 +202,9 @@ class Projects:
     def pack_open_drafts(self, limit: int = 10) -> int:
         """Write the packs of up to ``limit`` open drafts' sealed trees that have none
         (a turn's end folded writes into a subtree: its new tree is packed and indexed
-        here, so a cold reader of the draft fetches packs, not its files one by one).
+        here, so a cold search of the draft reads indexes instead of scanning that
+        subtree). Only trees of more than ``MAX_PACK_FILES`` files: below that a tree is
+        one pack, rewritten whole at every turn's end, and a scan of it is short.
         Returns how many trees were packed. A tree that fails for a reason other than
         an unavailable backend is logged and skipped for the rest of this process's
         life (the draft reads file by file meanwhile)."""
@@ -209,6 +212,7 @@ class Projects:
             roots = [r[0] for r in conn.execute(
                 sa.select(D.c.code_manifest_key).distinct()
                 .where(D.c.closed_at.is_(None), D.c.code_manifest_key != EMPTY_TREE,
+                       D.c.file_count > packing_module.MAX_PACK_FILES,
                        ~sa.exists().where(PK.c.tree == D.c.code_manifest_key))
                 .limit(limit + len(self._unpackable))).all() if r[0] not in self._unpackable][:limit]
         packed = 0
