@@ -16,7 +16,6 @@ what a broken constraint means in their operation.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
@@ -34,6 +33,7 @@ from .db.oneshot import OneShot
 from .digest import EMPTY_TREE
 from .events import EventPublisher
 from .packs import PackedObjects
+from .pools import settle, start_workers
 from .settings import Limits, Settings
 from .trees import TreeReader
 
@@ -180,12 +180,7 @@ class Backends:
         the first failure in ``items`` order."""
         if len(items) <= 1:
             return [fn(item) for item in items]
-        futures = [self._reads.submit(fn, item) for item in items]
-        errors = [f.exception() for f in futures]  # waits for all
-        first = next((e for e in errors if e is not None), None)
-        if first is not None:
-            raise first
-        return [f.result() for f in futures]
+        return settle(self._reads, fn, items)
 
     def beside(self, fn: Callable[..., R], *args: Any) -> Future[R]:
         """Start ``fn(*args)`` on the read pool (a read the caller needs later); the
@@ -194,19 +189,25 @@ class Backends:
 
     def start_readers(self) -> None:
         """Start the read pool's threads now, not in a request."""
-        barrier = threading.Barrier(_READERS + 1)
-
-        def wait(_: int) -> None:
-            try:
-                barrier.wait(timeout=2.0)
-            except threading.BrokenBarrierError:
-                pass
-
-        for i in range(_READERS):
-            self._reads.submit(wait, i)
-        wait(-1)
+        start_workers(self._reads, _READERS)
 
     # -- coordinator -----------------------------------------------------------------
+    @contextmanager
+    def try_lock(self, name: str, ttl_s: float,
+                 busy: type[Exception] | tuple[type[Exception], ...] = E.LockTimeout) -> Iterator[bool]:
+        """Hold the coordinator lock ``name`` if it can be had at once: yields True (and
+        releases it after), or False when acquiring raised ``busy`` (held elsewhere; a
+        caller that skips the work on any coordinator failure passes ``DraftstoreError``)."""
+        try:
+            lock = self.coord.acquire(name, ttl_s=ttl_s, timeout_s=0)
+        except busy:
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            lock.release()
+
     def emit(self, stream: str, type: str, data: dict[str, Any]) -> None:
         """Queue an event for SSE (never waited for: events are rebuildable from rows)."""
         self.events.emit(stream, type, data)

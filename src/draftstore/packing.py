@@ -357,9 +357,12 @@ class Packing:
         candidates' contents are in the object cache afterwards."""
         unique = list({r.search_index: r for r in rows if r.search_index}.values())
         cold = [r for r in unique if "index:" + r.search_index not in self.b.cache]
-        found = dict(zip((r.search_index for r in cold), self.b.in_parallel(lambda r: self._candidates_of(r, query), cold)))
-        # indexes in memory already: no thread hop (their candidates are most often cached too)
-        return {r.search_index: found.get(r.search_index) or self._candidates_of(r, query) for r in unique}
+        found = dict(zip((r.search_index for r in cold), self.b.in_parallel(lambda r: self._candidates_of(r, query),
+                                                                           cold)))
+        for r in unique:  # indexes in memory already: no thread hop (their candidates are most often cached too)
+            if r.search_index not in found:
+                found[r.search_index] = self._candidates_of(r, query)
+        return found
 
     def _candidates_of(self, row: Any, query: Query) -> tuple[Callable[[], Set[str]], dict[str, Digest]]:
         idx = self.indexes([row.search_index])[row.search_index]

@@ -17,6 +17,7 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import errors as E
+from . import packing as packing_module
 from . import paging
 from . import validation as check
 from .backends import Backends
@@ -24,7 +25,6 @@ from .db.tables import PK, D, H, P, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
 from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
-from . import packing as packing_module
 from .packing import Packing
 
 __all__ = ["Projects", "project_record", "version_record"]
@@ -181,22 +181,19 @@ class Projects:
                                 .where(V.c.packed_at.is_(None), V.c.pack_attempts < _PACK_ATTEMPTS)
                                 .order_by(V.c.pack_attempts, V.c.created_at).limit(limit)).all()
         packed = 0
-        for r in rows:
-            try:  # one packer per version at a time, across processes
-                lock = self.b.coord.acquire(f"pack:{r.id}", ttl_s=600, timeout_s=0)
-            except E.DraftstoreError:
-                continue
-            try:
-                self.packing.write(Digest(r.code_manifest_key))
-                with self.b.tx() as conn:
-                    conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
-                packed += 1
-            except E.DraftstoreError as exc:
-                log.warning("packing version %s failed (attempt left for later): %s", r.id, exc)
-                with self.b.tx() as conn:
-                    conn.execute(V.update().where(V.c.id == r.id).values(pack_attempts=V.c.pack_attempts + 1))
-            finally:
-                lock.release()
+        for r in rows:  # one packer per version at a time, across processes
+            with self.b.try_lock(f"pack:{r.id}", 600, busy=E.DraftstoreError) as held:
+                if not held:
+                    continue
+                try:
+                    self.packing.write(Digest(r.code_manifest_key))
+                    with self.b.tx() as conn:
+                        conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
+                    packed += 1
+                except E.DraftstoreError as exc:
+                    log.warning("packing version %s failed (attempt left for later): %s", r.id, exc)
+                    with self.b.tx() as conn:
+                        conn.execute(V.update().where(V.c.id == r.id).values(pack_attempts=V.c.pack_attempts + 1))
         return packed
 
     def pack_open_drafts(self, limit: int = 10) -> int:
@@ -209,28 +206,27 @@ class Projects:
         an unavailable backend is logged and skipped for the rest of this process's
         life (the draft reads file by file meanwhile)."""
         with self.b.tx(read_only=True) as conn:
-            roots = [r[0] for r in conn.execute(
+            roots = conn.execute(
                 sa.select(D.c.code_manifest_key).distinct()
                 .where(D.c.closed_at.is_(None), D.c.code_manifest_key != EMPTY_TREE,
                        D.c.file_count > packing_module.MAX_PACK_FILES,
+                       D.c.code_manifest_key.not_in(sorted(self._unpackable)),
                        ~sa.exists().where(PK.c.tree == D.c.code_manifest_key))
-                .limit(limit + len(self._unpackable))).all() if r[0] not in self._unpackable][:limit]
+                .limit(limit)).scalars().all()
         packed = 0
-        for root in roots:
-            try:  # one packer per tree at a time, across processes
-                lock = self.b.coord.acquire(f"pack-tree:{root}", ttl_s=600, timeout_s=0)
-            except E.DraftstoreError:
-                continue
-            try:
-                self.packing.write(Digest(root))
-                packed += 1
-            except E.BackendUnavailable as exc:  # passing: the next run tries again
-                log.warning("packing draft tree %s failed (tried again later): %s", root[:12], exc)
-            except E.DraftstoreError as exc:
-                log.warning("packing draft tree %s failed (not tried again by this process): %s", root[:12], exc)
-                self._unpackable.add(root)
-            finally:
-                lock.release()
+        for root in roots:  # one packer per tree at a time, across processes
+            with self.b.try_lock(f"pack-tree:{root}", 600, busy=E.DraftstoreError) as held:
+                if not held:
+                    continue
+                try:
+                    self.packing.write(Digest(root))
+                    packed += 1
+                except E.BackendUnavailable as exc:  # passing: the next run tries again
+                    log.warning("packing draft tree %s failed (tried again later): %s", root[:12], exc)
+                except E.DraftstoreError as exc:
+                    log.warning("packing draft tree %s failed (not tried again by this process): %s",
+                                root[:12], exc)
+                    self._unpackable.add(root)
         return packed
 
     def page(self, cursor: str | None, limit: int | None) -> Page[Project]:

@@ -136,25 +136,22 @@ class Snapshots:
             rows = conn.execute(sa.select(S).where(S.c.status == SnapshotStatus.PENDING.value)
                                 .order_by(S.c.created_at).limit(limit)).all()
         built = 0
-        for r in rows:
-            try:  # one builder per snapshot at a time, across processes
-                lock = self.b.coord.acquire(f"snapshot:{r.id}", ttl_s=600, timeout_s=0)
-            except E.LockTimeout:
-                continue
-            try:
-                if self._get(r.id).status != SnapshotStatus.PENDING:
+        for r in rows:  # one builder per snapshot at a time, across processes
+            with self.b.try_lock(f"snapshot:{r.id}", 600) as held:
+                if not held:
                     continue
-                # the tree the row names, whatever became of its source since (a draft moves on;
-                # building the draft as it is now under the row's root would be a wrong tree)
-                view = View(trees=self.b.trees, project_id=r.project_id, kind=r.source_kind, root=Digest(r.root),
-                            overlay={}, characters=None, world_settings=None, limits=self.b.limits,
-                            packing=self.packing)
-                if self._build(r.id, view, None).status == SnapshotStatus.READY:
-                    built += 1
-            except E.DraftstoreError as exc:  # recorded on the row; the next one is still built
-                self._mark(r.id, SnapshotStatus.FAILED, error=str(exc)[:2000])
-            finally:
-                lock.release()
+                try:
+                    if self._get(r.id).status != SnapshotStatus.PENDING:
+                        continue
+                    # the tree the row names, whatever became of its source since (a draft moves on;
+                    # building the draft as it is now under the row's root would be a wrong tree)
+                    view = View(trees=self.b.trees, project_id=r.project_id, kind=r.source_kind,
+                                root=Digest(r.root), overlay={}, characters=None, world_settings=None,
+                                limits=self.b.limits, packing=self.packing)
+                    if self._build(r.id, view, None).status == SnapshotStatus.READY:
+                        built += 1
+                except E.DraftstoreError as exc:  # recorded on the row; the next one is still built
+                    self._mark(r.id, SnapshotStatus.FAILED, error=str(exc)[:2000])
         return built
 
     def _build(self, snapshot_id: str, view: View, progress: Progress | None) -> Snapshot:

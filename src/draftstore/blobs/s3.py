@@ -40,6 +40,7 @@ from botocore.exceptions import (
 
 from ..digest import Digest, digest_of
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid
+from ..pools import settle, start_workers
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
 from .s3reads import AUTH_CODES, TRANSIENT_CODES, LeanReader
@@ -287,20 +288,7 @@ class S3BlobStore(BlobStoreBase):
             self._get_raw("objects/.warm-up")
         except (BackendError, BackendUnavailable):
             pass  # the first real read says so, typed
-        pool = self._executor()
-        started = threading.Barrier(self.workers + 1)
-
-        def wait() -> None:
-            if self._reader is not None:
-                self._reader.warm()
-            try:
-                started.wait(timeout=2.0)
-            except threading.BrokenBarrierError:
-                pass
-
-        for _ in range(self.workers):
-            pool.submit(wait)
-        wait()
+        start_workers(self._executor(), self.workers, self._reader.warm if self._reader is not None else None)
 
     # -- error mapping ---------------------------------------------------------------
     def _raise(self, op: str, exc: Exception, key: str | None = None) -> NoReturn:
@@ -467,18 +455,7 @@ class S3BlobStore(BlobStoreBase):
         """``fn(item)`` for every item on the transfer pool: {item: result}. Returns only
         after every call has settled; if any failed, raises the first failure (in
         ``items`` order) -- nothing is left running either way."""
-        futures = [(item, self._executor().submit(fn, item)) for item in items]
-        out: dict[K, R] = {}
-        first_error: BaseException | None = None
-        for item, fut in futures:
-            exc = fut.exception()  # waits
-            if exc is None:
-                out[item] = fut.result()
-            elif first_error is None:
-                first_error = exc
-        if first_error is not None:
-            raise first_error
-        return out
+        return dict(zip(items, settle(self._executor(), fn, items)))
 
     def get_many(self, digests: Iterable[Digest]) -> dict[Digest, bytes]:
         """Several objects, verified; the ones not cached are fetched in parallel."""

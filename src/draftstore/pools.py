@@ -1,0 +1,49 @@
+"""Thread pools: running calls side by side and starting workers ahead of need.
+
+Shared by the blob store's transfer pool and the store's read pool.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+__all__ = ["settle", "start_workers"]
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def settle(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: list[T]) -> list[R]:
+    """``[fn(item) for item in items]``, the calls run on ``pool``. Returns only after
+    every call has settled; if any failed, raises the first failure (in ``items``
+    order) -- nothing is left running either way."""
+    futures = [pool.submit(fn, item) for item in items]
+    errors = [f.exception() for f in futures]  # waits for all
+    first = next((e for e in errors if e is not None), None)
+    if first is not None:
+        raise first
+    return [f.result() for f in futures]
+
+
+def start_workers(pool: ThreadPoolExecutor, n: int, each: Callable[[], None] | None = None) -> None:
+    """Start ``n`` of the pool's threads now (each runs ``each`` first, if given), not
+    in a request; returns once they all run, or after 2 s."""
+    started = threading.Barrier(n + 1)
+
+    def wait() -> None:
+        if each is not None:
+            each()
+        try:
+            started.wait(timeout=2.0)
+        except threading.BrokenBarrierError:
+            pass
+
+    for _ in range(n):
+        pool.submit(wait)
+    try:
+        started.wait(timeout=2.0)
+    except threading.BrokenBarrierError:
+        pass
