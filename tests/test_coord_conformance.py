@@ -525,6 +525,34 @@ def test_redis_epoch_keys_follow_their_stream(real_redis) -> None:  # type: igno
         raw.close()
 
 
+@pytest.mark.real
+def test_a_batch_of_appends_is_one_round_trip_and_survives_a_lost_script(real_redis) -> None:  # type: ignore[no-untyped-def]
+    import redis
+
+    coord = RedisCoordinator.from_url(real_redis.url("evalsha"))
+    raw = redis.Redis.from_url(real_redis.base_url, decode_responses=True)
+
+    def calls(command: str) -> int:
+        return int(raw.info("commandstats").get(f"cmdstat_{command}", {}).get("calls", 0))
+
+    try:
+        coord.append_many([("turn:s", "token", {"i": 0})])  # the script is loaded (once) if it was not
+        exists, evalsha = calls("script|exists"), calls("evalsha")
+        assert coord.append_many([("turn:s", "token", {"i": i}) for i in (1, 2, 3)]) == [2, 3, 4]
+        # no SCRIPT EXISTS before each batch: only the three appends reach the server
+        assert (calls("script|exists"), calls("evalsha")) == (exists, evalsha + 3)
+
+        # The server does not know the script (restarted, SCRIPT FLUSH): every call answers
+        # NOSCRIPT and runs nothing, so the batch is loaded and re-run once, in order.
+        coord._append_script.sha = "0" * 40
+        assert coord.append_many([("turn:s", "token", {"i": i}) for i in (4, 5)]) == [5, 6]
+        assert [e.data["i"] for e in coord.read("turn:s")] == [0, 1, 2, 3, 4, 5]
+        assert [e.id for e in coord.read("turn:s")] == [1, 2, 3, 4, 5, 6]
+    finally:
+        coord.close()
+        raw.close()
+
+
 # -- SQLite specifics: one file shared by every Store and process on the same data -------------------
 def _python(code: str) -> "subprocess.Popen[str]":
     """Another OS process running ``code`` with this interpreter (the venv's, draftstore installed)."""

@@ -36,6 +36,7 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
@@ -287,12 +288,40 @@ class RedisCoordinator:
         """Append several events in order, in one round trip; returns their ids."""
         if not events:
             return []
-        pipe = self._r.pipeline(transaction=False)
+        calls = []
         for stream, type, data in events:
             payload = json.dumps(data or {}, separators=(",", ":"), ensure_ascii=False)
-            args = [self.max_events, type, payload, new_epoch()]
-            self._append_script(keys=self._stream_keys(stream), args=args, client=pipe)
-        return [int(n) for n in pipe.execute()]
+            keys = self._stream_keys(stream)
+            calls.append((len(keys), *keys, self.max_events, type, payload, new_epoch()))
+        return self._evalsha_all(self._append_script, calls)
+
+    def _evalsha_all(self, script: Any, calls: list[tuple[Any, ...]]) -> list[int]:
+        """Run ``script`` once per ``(numkeys, *keys, *args)`` in one pipelined round trip.
+
+        Not redis-py's ``Script`` in a pipeline: that asks ``SCRIPT EXISTS`` first, a second
+        round trip on every batch. Here a script the server lost (restart, ``SCRIPT FLUSH``)
+        fails only the calls from the loss on (it runs nothing), so those are re-run, in
+        order, once the script is loaded again."""
+        results: list[Any] = [None] * len(calls)
+        todo = list(range(len(calls)))
+        for attempt in (0, 1):
+            pipe = self._r.pipeline(transaction=False)
+            for i in todo:
+                pipe.evalsha(script.sha, *calls[i])
+            replies = pipe.execute(raise_on_error=False)
+            missing = []
+            for i, reply in zip(todo, replies):
+                if isinstance(reply, NoScriptError) and not attempt:
+                    missing.append(i)
+                elif isinstance(reply, Exception):
+                    raise reply
+                else:
+                    results[i] = int(reply)
+            if not missing:
+                break
+            script.sha = self._r.script_load(script.script)
+            todo = missing
+        return results
 
     @_mapped("event read")
     def read(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
