@@ -19,7 +19,7 @@ from draftstore.settings import Settings
 from .env import BenchEnv, progress
 from .projects import build_project
 from .scenarios import ALIASES, FULL, GROUPS, NAMES, OPT_IN, QUICK, Context
-from .timing import Result
+from .timing import Result, freeze_set_up
 from .upload import LeanS3Putter
 
 
@@ -96,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
             return build_project(builder[0], name, files, putter)
 
         ctx = Context(env=env, store=store, sizes=sizes, repeat=args.repeat, build=build)
+        freeze_set_up()
         wanted = set(args.wanted)
         for names, group in GROUPS:
             if not wanted.intersection(names):

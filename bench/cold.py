@@ -36,7 +36,7 @@ from draftstore.digest import Digest
 
 from .env import progress
 from .projects import NEEDLE, make_files
-from .timing import Result, median_ms, timed
+from .timing import Result, freeze_set_up, median_ms, timed
 
 NAMES = ("cold_search", "search_real_selective", "search_real_common", "materialize_snapshot", "import_10k")
 
@@ -48,8 +48,10 @@ _COLD = textwrap.dedent(
     """
     import json, sys, time
     from draftstore import Store
+    from draftstore.heap import freeze_startup_heap
     urls, pid, pattern, n = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     with Store.open(**urls) as store:
+        freeze_startup_heap()  # as the service does once its store is open (draftstore.heap)
         times = []
         for _ in range(n + 1):
             t0 = time.perf_counter()
@@ -127,10 +129,12 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
         snap = store.create_snapshot(project.id, "head")
         bundle = Path(tempfile.mkdtemp(prefix="draftstore-bench-bundle-")) / "bundle.tar.zst"
         bundle.write_bytes(store.blobs.get(Digest(snap.bundle_key)))
+        freeze_set_up()
         ours, rebuild, base = [], [], []
 
         def ours_once(i: int) -> None:
             fresh = Store.open(**urls)  # nothing cached: the bundle is fetched
+            freeze_set_up()  # what `draftstore materialize` does once its store is open
             try:
                 dest = bundle.parent / f"ours-{i}"
                 ours.append(timed(lambda: fresh.materialize(project.id, dest, "head")))

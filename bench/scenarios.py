@@ -51,7 +51,7 @@ from draftstore.view import View
 
 from .env import BenchEnv, progress
 from .projects import NEEDLE, make_files, materialise, random_source
-from .timing import Result, interleave, median_ms, timed
+from .timing import Result, freeze_set_up, interleave, median_ms, timed
 
 KIB = 1024
 
@@ -110,6 +110,7 @@ class Context:
             paths = list(files)
             pool = [p for p in paths if NEEDLE.encode() not in files[p]]
             self.projects[n_files] = Project(pid, files, paths, random.Random(n_files).sample(pool, min(500, len(pool))))
+            freeze_set_up()
         return self.projects[n_files]
 
     def warm_pool(self, n_files: int) -> Project:

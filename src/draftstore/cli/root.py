@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from ..heap import freeze_startup_heap
 from ..settings import Settings
 from ..store import Store
 from .failures import DraftstoreGroup
@@ -28,7 +29,9 @@ def main(debug: bool) -> None:
 
 def open_store(migrate: bool | None = None) -> Store:
     """The store the ``DRAFTSTORE_*`` environment names (embedded defaults when unset)."""
-    return Store.open(settings=Settings.load(), migrate=migrate)
+    store = Store.open(settings=Settings.load(), migrate=migrate)
+    freeze_startup_heap()  # a bulk command's full collections skip the start-up heap (heap.py)
+    return store
 
 
 def actor() -> str | None:
