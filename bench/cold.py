@@ -115,14 +115,18 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
             grep = ["grep", "-rnF", "--include=*.py", pattern, str(disk)]
             hits = subprocess.run(grep, capture_output=True).stdout.count(b"\n")
             ours, base = [], []
+            misses, gets = store.cache.misses, sum(store.blobs.calls.values()) if hasattr(store.blobs, "calls") else 0
             for _ in range(ctx.n(7)):
                 ours.append(timed(lambda: view.search_code(pattern, max_results=10_000)))
                 base.append(timed(lambda: subprocess.run(grep, stdout=subprocess.DEVNULL)))
+            misses = store.cache.misses - misses
+            gets = (sum(store.blobs.calls.values()) if hasattr(store.blobs, "calls") else 0) - gets
             out.append(Result(name, goal, median_ms(ours), median_ms(base),
                               ours_what=f"search_code {pattern!r}, stdlib source, warm",
                               baseline_what=f"grep -rnF {pattern!r} over the same files on disk",
                               notes=[f"matches: ours {len(res.matches)}{' (capped)' if res.truncated else ''}, "
-                                     f"grep {hits}; files searched {res.files_searched} of {len(files)}"]))
+                                     f"grep {hits}; files searched {res.files_searched} of {len(files)}; "
+                                     f"while timed: {misses} object-cache misses, {gets} S3 requests"]))
         shutil.rmtree(disk, ignore_errors=True)
     if "materialize_snapshot" in wanted:
         project = ctx.project(10_000)
