@@ -28,14 +28,17 @@ __all__ = ["freeze_startup_heap"]
 _frozen = False
 
 
-def freeze_startup_heap() -> None:
-    """Collect what start-up left as garbage, then exempt every object alive now
-    from later collections. Once per process: later calls do nothing (what a
-    process allocates after its start-up is collected as usual). Frozen objects
-    are still freed when their last reference goes; only cycles among them stay."""
+def freeze_startup_heap(collect: bool = True) -> None:
+    """Collect what start-up left as garbage (unless ``collect`` is false: a
+    short-lived command does not pay ~30 ms for it, and keeps that garbage until
+    it exits), then exempt every object alive now from later collections. Once
+    per process: later calls do nothing (what a process allocates after its
+    start-up is collected as usual). Frozen objects are still freed when their
+    last reference goes; only cycles among them stay."""
     global _frozen
     if _frozen:
         return
     _frozen = True
-    gc.collect()
+    if collect:
+        gc.collect()
     gc.freeze()

@@ -30,7 +30,7 @@ def main(debug: bool) -> None:
 def open_store(migrate: bool | None = None) -> Store:
     """The store the ``DRAFTSTORE_*`` environment names (embedded defaults when unset)."""
     store = Store.open(settings=Settings.load(), migrate=migrate)
-    freeze_startup_heap()  # a bulk command's full collections skip the start-up heap (heap.py)
+    freeze_startup_heap(collect=False)  # a bulk command's full collections skip the start-up heap (heap.py)
     return store
 
 
