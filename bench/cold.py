@@ -36,7 +36,7 @@ from draftstore.digest import Digest
 
 from .env import progress
 from .projects import NEEDLE, make_files
-from .timing import Result, freeze_set_up, median_ms, timed
+from .timing import GcClock, Result, freeze_set_up, median_ms, timed
 
 NAMES = ("cold_search", "search_real_selective", "search_real_common", "materialize_snapshot", "import_10k")
 
@@ -116,9 +116,10 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
             hits = subprocess.run(grep, capture_output=True).stdout.count(b"\n")
             ours, base = [], []
             misses, gets = store.cache.misses, sum(store.blobs.calls.values()) if hasattr(store.blobs, "calls") else 0
-            for _ in range(ctx.n(7)):
-                ours.append(timed(lambda: view.search_code(pattern, max_results=10_000)))
-                base.append(timed(lambda: subprocess.run(grep, stdout=subprocess.DEVNULL)))
+            with GcClock() as collections:
+                for _ in range(ctx.n(7)):
+                    ours.append(timed(lambda: view.search_code(pattern, max_results=10_000)))
+                    base.append(timed(lambda: subprocess.run(grep, stdout=subprocess.DEVNULL)))
             misses = store.cache.misses - misses
             gets = (sum(store.blobs.calls.values()) if hasattr(store.blobs, "calls") else 0) - gets
             out.append(Result(name, goal, median_ms(ours), median_ms(base),
@@ -126,7 +127,8 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
                               baseline_what=f"grep -rnF {pattern!r} over the same files on disk",
                               notes=[f"matches: ours {len(res.matches)}{' (capped)' if res.truncated else ''}, "
                                      f"grep {hits}; files searched {res.files_searched} of {len(files)}; "
-                                     f"while timed: {misses} object-cache misses, {gets} S3 requests"]))
+                                     f"while timed: {misses} object-cache misses, {gets} S3 requests; "
+                                     f"{collections.note()}"]))
         shutil.rmtree(disk, ignore_errors=True)
     if "materialize_snapshot" in wanted:
         project = ctx.project(10_000)
@@ -135,13 +137,15 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
         bundle.write_bytes(store.blobs.get(Digest(snap.bundle_key)))
         freeze_set_up()
         ours, rebuild, base = [], [], []
+        collections = GcClock()  # entered around each of ours
 
         def ours_once(i: int) -> None:
             fresh = Store.open(**urls)  # nothing cached: the bundle is fetched
             freeze_set_up()  # what `draftstore materialize` does once its store is open
             try:
                 dest = bundle.parent / f"ours-{i}"
-                ours.append(timed(lambda: fresh.materialize(project.id, dest, "head")))
+                with collections:
+                    ours.append(timed(lambda: fresh.materialize(project.id, dest, "head")))
                 fresh.list_snapshots(project.id)
             finally:
                 fresh.close()
@@ -170,7 +174,8 @@ def group(ctx: Any, wanted: set[str]) -> list[Any]:
                           baseline_what="tar --zstd -xf of the same bundle",
                           notes=[f"rebuild from blobs (packs) instead: {median_ms(rebuild):.0f} ms; "
                                  f"bundle {snap.size_bytes / 1e6:.1f} MB; runs (ms), ours "
-                                 f"{[round(t * 1e3) for t in ours]}, tar {[round(t * 1e3) for t in base]}"]))
+                                 f"{[round(t * 1e3) for t in ours]}, tar {[round(t * 1e3) for t in base]}; "
+                                 f"ours: {collections.note()}"]))
     if "import_10k" in wanted:
         files = make_files(10_000, 1024, seed=77)
         ours = timed(lambda: store.create_project("bench-import", files=files))

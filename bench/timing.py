@@ -19,6 +19,34 @@ def freeze_set_up() -> None:
     gc.freeze()
 
 
+class GcClock:
+    """While entered: how many garbage collections ran, by generation, and how long they took
+    (a note's figure: a timed call that sets off a full collection pays for the whole heap)."""
+
+    def __init__(self) -> None:
+        self.count = [0, 0, 0]
+        self.seconds = [0.0, 0.0, 0.0]
+        self._t0 = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+        else:
+            self.count[info["generation"]] += 1
+            self.seconds[info["generation"]] += time.perf_counter() - self._t0
+
+    def __enter__(self) -> "GcClock":
+        gc.callbacks.append(self._callback)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        gc.callbacks.remove(self._callback)
+
+    def note(self) -> str:
+        return "garbage collections while timed: " + ", ".join(
+            f"gen{g} {n} ({1e3 * s:.1f} ms)" for g, (n, s) in enumerate(zip(self.count, self.seconds)))
+
+
 def timed(fn: Callable[[], object]) -> float:
     """Wall time of one call, in seconds."""
     t0 = time.perf_counter()
