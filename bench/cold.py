@@ -48,10 +48,10 @@ _COLD = textwrap.dedent(
     """
     import json, sys, time
     from draftstore import Store
-    from draftstore.heap import freeze_startup_heap
+    from draftstore.heap import tune_collector
     urls, pid, pattern, n = json.loads(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
     with Store.open(**urls) as store:
-        freeze_startup_heap()  # as the service does once its store is open (draftstore.heap)
+        tune_collector()  # as the service does once its store is open (draftstore.heap)
         times = []
         for _ in range(n + 1):
             t0 = time.perf_counter()

@@ -7,7 +7,7 @@ from typing import Any
 
 import click
 
-from ..heap import freeze_startup_heap
+from ..heap import tune_collector
 from ..settings import Settings
 from ..store import Store
 from .failures import DraftstoreGroup
@@ -30,7 +30,7 @@ def main(debug: bool) -> None:
 def open_store(migrate: bool | None = None) -> Store:
     """The store the ``DRAFTSTORE_*`` environment names (embedded defaults when unset)."""
     store = Store.open(settings=Settings.load(), migrate=migrate)
-    freeze_startup_heap(collect=False)  # a bulk command's full collections skip the start-up heap (heap.py)
+    tune_collector(collect=False)  # start-up heap frozen, fewer young collections (heap.py)
     return store
 
 

@@ -32,13 +32,13 @@ def serve_stdio(project_id: str, turn_id: str | None = None) -> None:
     found either) before serving anything.
     """
     from .. import errors as E
-    from ..heap import freeze_startup_heap
+    from ..heap import tune_collector
     from ..store import Store
     from .server import build_server
 
     with contextlib.redirect_stdout(sys.stderr):  # nothing but the protocol may reach stdout
         store = Store.from_env()
-    freeze_startup_heap()  # full collections skip the start-up heap (heap.py)
+    tune_collector()  # start-up heap frozen, fewer young collections (heap.py)
     try:
         with contextlib.redirect_stdout(sys.stderr):
             store.get_project(project_id)

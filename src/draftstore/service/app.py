@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from .. import __version__
-from ..heap import freeze_startup_heap
+from ..heap import tune_collector
 from ..mcpserver import mcp_http_app
 from ..store import Store
 from . import admin, errors
@@ -52,7 +52,7 @@ def create_app(store: Store | None = None) -> FastAPI:
         app.state.store = s
         app.state.auth = Authenticator(s)
         app.state.turn_projects = TurnProjects()
-        freeze_startup_heap()  # later full collections skip the start-up heap (heap.py)
+        tune_collector()  # start-up heap frozen, fewer young collections (heap.py)
         stop = threading.Event()
         worker = None
         if s.settings.background_interval_s > 0:
