@@ -33,7 +33,8 @@ from draftstore.coord import MemoryCoordinator
 from draftstore.db.engine import create_db_engine
 from draftstore.db.tables import PK, PO, V
 from draftstore.digest import Digest, digest_of
-from draftstore.packs import Pack, encode_pack
+from draftstore.errors import IntegrityError
+from draftstore.packs import Pack, encode_pack, frame_locations
 
 BIG = 1024 * 1024 + 4321  # over MAX_PACKED_FILE: stored on its own
 
@@ -217,6 +218,34 @@ def test_a_tampered_pack_object_is_a_checksum_mismatch() -> None:
     for d, _ in objects:
         with pytest.raises(ChecksumMismatch):
             shifted.take(d)
+
+
+def test_a_pack_opens_only_the_frames_of_the_objects_taken_and_a_bad_frame_is_refused() -> None:
+    rng = random.Random(5)
+    objects = [(digest_of(b), b) for b in (rng.randbytes(40_000) for _ in range(6))]  # 40 KB: ~4 frames
+    raw, index = encode_pack(objects)
+    pack = Pack.decode(digest_of(raw), raw)
+    frames = frame_locations(raw)
+    assert len({loc.start for loc in frames.values()}) >= 3
+    assert pack.frames_open == 0  # decoding reads the header only
+    assert pack.take(objects[0][0]) == objects[0][1]
+    assert pack.frames_open == 1
+    assert pack.take(objects[-1][0]) == objects[-1][1]
+    assert pack.frames_open == 2
+    assert pack.data == b"".join(data for _, data in objects)  # every frame, in order
+
+    # one byte of the last frame's stored bytes changed: the first object is still served,
+    # an object of that frame is refused (never returned wrong)
+    last = frames[objects[-1][0]]
+    bad = bytearray(raw)
+    bad[last.start + last.stored - 1000] ^= 0xFF  # inside the last object
+    damaged = Pack.decode(digest_of(bytes(bad)), bytes(bad))
+    assert damaged.take(objects[0][0]) == objects[0][1]
+    with pytest.raises(IntegrityError):
+        damaged.take(objects[-1][0])
+    # a frame table that does not add up is refused when the pack is decoded
+    with pytest.raises(IntegrityError):
+        Pack.decode(digest_of(raw[:-1]), raw[:-1])
 
 
 def test_a_corrupted_pack_in_the_store_is_refused_never_read_wrong(store: Store, store_factory: Any,

@@ -46,6 +46,18 @@ def test_sealing_builds_nested_directories_and_counts_files(trees: TreeReader) -
     assert trees.lookup(root, "a/b/c.txt/x") is None and trees.lookup(root, "zzz") is None
 
 
+def test_files_lists_what_walk_lists_with_the_same_entries(trees: TreeReader) -> None:
+    changes = {f"d{i % 3}/s{i % 5}/f-{i}.py": _file(trees, str(i).encode(), executable=i % 7 == 0)
+               for i in range(60)}
+    changes.update({"top.txt": _file(trees, b"t"), "a-b": _file(trees, b"ab"), "a/b": _file(trees, b"a/b")})
+    root, count = trees.seal(EMPTY_TREE, changes)
+    files = trees.files(root)
+    assert files == dict(trees.walk(root)) and len(files) == count == len(changes)
+    assert {p: (e.digest, e.size, e.executable) for p, e in files.items()} == {
+        p: (f.digest, f.size, f.executable) for p, f in changes.items()}
+    assert trees.files(EMPTY_TREE) == {}
+
+
 def test_same_content_gives_the_same_root_whatever_the_order_of_writes(trees: TreeReader) -> None:
     f1, f2 = _file(trees, b"1"), _file(trees, b"2")
     r1, _ = trees.seal(EMPTY_TREE, {"x/1": f1, "y/2": f2})

@@ -228,4 +228,7 @@ class Checker:
                 pack.take(digest)
             except E.ChecksumMismatch as exc:
                 report.problems.append(Problem("corrupt", where, digest, exc.message))
+            except E.IntegrityError as exc:  # a frame that does not decompress: the rest is not read
+                report.problems.append(Problem("malformed", where, row.digest, exc.message))
+                break
         report.packs_verified += 1

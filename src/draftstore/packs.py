@@ -38,11 +38,12 @@ object stored on its own.
 
 from __future__ import annotations
 
+import bisect
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import zstandard
@@ -162,33 +163,84 @@ def _header2(digest: str, raw: bytes) -> tuple[dict[str, Any], int]:
         raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
 
 
-@dataclass
 class Pack:
-    """A decoded pack: its objects, each verified when taken."""
+    """A decoded pack: its objects, each verified when taken.
 
-    digest: str
-    objects: dict[str, tuple[int, int]]
-    data: bytes  # the objects part
-    size: int = field(init=False)
+    A format-2 pack keeps its frames compressed and opens (decompresses) a frame
+    the first time one of its objects is taken: a walk of the tree nodes, which a
+    pack holds first, opens the first frame or two, not the whole pack. ``data``
+    (every frame opened) is the whole objects part. ``size`` counts the pack as
+    if every frame were open, for the pack cache's budget."""
 
-    def __post_init__(self) -> None:
-        self.size = len(self.data) + 100 * len(self.objects)
+    def __init__(self, digest: str, objects: dict[str, tuple[int, int]], data: bytes | None = None, *,
+                 raw: bytes | memoryview = b"", frames: list[tuple[int, int, int, int]] | None = None) -> None:
+        self.digest = digest
+        self.objects = objects
+        self._data = data
+        self._raw = memoryview(raw)
+        # (offset in the objects part, length, where its stored bytes start in raw, how many)
+        self._frames = frames or []
+        self._starts = [f[0] for f in self._frames]
+        self._opened: dict[int, bytes] = {}
+        whole = len(data) if data is not None else sum(f[1] for f in self._frames)
+        self.size = whole + len(raw) + 100 * len(objects)
+
+    @property
+    def frames_open(self) -> int:
+        """How many of a format-2 pack's frames were decompressed so far."""
+        return len(self._opened)
+
+    @property
+    def data(self) -> bytes:
+        """The objects part, every frame opened."""
+        if self._data is None:
+            self._data = b"".join(self._frame(k) for k in range(len(self._frames)))
+        return self._data
+
+    def _frame(self, k: int) -> bytes:
+        opened = self._opened.get(k)
+        if opened is None:  # two threads may open one frame at once: the same bytes, stored twice
+            offset, length, pos, stored = self._frames[k]
+            try:
+                opened = zstandard.ZstdDecompressor().decompress(self._raw[pos:pos + stored],
+                                                                 max_output_size=length)
+            except zstandard.ZstdError as exc:
+                raise IntegrityError(f"pack {self.digest[:12]} is malformed: frame {k}: {exc}",
+                                     digest=self.digest) from exc
+            if len(opened) != length:
+                raise IntegrityError(f"pack {self.digest[:12]} is malformed: frame {k} is not as long as recorded",
+                                     digest=self.digest)
+            self._opened[k] = opened
+        return opened
+
+    def _slice(self, offset: int, length: int) -> bytes:
+        if self._data is not None or not self._frames:
+            return (self._data or b"")[offset:offset + length]
+        k = max(0, bisect.bisect_right(self._starts, offset) - 1)
+        start = offset - self._frames[k][0]
+        return self._frame(k)[start:start + length]  # an object never spans two frames (else: too short)
 
     @classmethod
     def decode(cls, digest: str, raw: bytes) -> "Pack":
-        """A pack of either format. Raises ``IntegrityError`` if it is malformed."""
+        """A pack of either format (a format-2 pack's frames are opened when first
+        needed). Raises ``IntegrityError`` if it is malformed; a frame found malformed
+        later raises it from ``take``."""
         if raw.startswith(_MAGIC2):
             header, pos = _header2(digest, raw)
             try:
-                dctx = zstandard.ZstdDecompressor()
-                chunks: list[bytes] = []
-                for _, length, stored, _ in header["frames"]:
-                    chunks.append(dctx.decompress(raw[pos:pos + stored], max_output_size=length))
-                    pos += stored
+                frames: list[tuple[int, int, int, int]] = []
+                expect = 0
+                for offset, length, stored, _ in header["frames"]:
+                    if offset != expect or length < 0 or stored < 0:
+                        raise ValueError("frames do not follow one another")
+                    frames.append((int(offset), int(length), pos, int(stored)))
+                    expect, pos = offset + length, pos + stored
+                if pos != len(raw):
+                    raise ValueError("frames do not fill the pack")
                 objects = {d: (off, length) for d, off, length in header["objects"]}
-            except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
+            except (ValueError, KeyError, TypeError) as exc:
                 raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
-            return cls(digest, objects, b"".join(chunks))
+            return cls(digest, objects, raw=raw, frames=frames)
         if not raw.startswith(_MAGIC):
             raise IntegrityError(f"object {digest[:12]} is not a pack", digest=digest)
         try:
@@ -202,7 +254,7 @@ class Pack:
 
     def take(self, digest: str) -> bytes:
         off, length = self.objects[digest]
-        data = self.data[off:off + length]
+        data = self._slice(off, length)
         if digest_of(data) != digest:
             raise ChecksumMismatch(f"object {digest[:12]} in pack {self.digest[:12]} is corrupt",
                                    digest=digest, pack=self.digest)

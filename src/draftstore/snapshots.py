@@ -196,7 +196,7 @@ class Snapshots:
             # the packs holding the tree's nodes in parallel, not node by node; a tree that
             # cannot be read fails here, and says so: it is not the bundle's fault
             self.packing.prefetch(view.root, kinds={"tree"})
-            expected = {path: st for path, st in view.iter_files()}
+            expected = self.b.trees.files(view.root)  # a snapshot is only used without an overlay
             try:
                 written = self._extract(bundle.result(), expected, dest, progress)
                 return Materialized("snapshot", *written, view.root, snap.id, kind, source_id,

@@ -160,6 +160,20 @@ class TreeReader:
             else:
                 yield path, entry
 
+    def files(self, root: Digest) -> dict[str, Entry]:
+        """Every file under tree ``root``: path -> entry, in no particular order (``walk``
+        without its sorting and its generator frames, for a whole-tree check)."""
+        out: dict[str, Entry] = {}
+        todo = [("", root)]
+        while todo:
+            prefix, digest = todo.pop()
+            for name, entry in self.load(digest).items():
+                if entry.kind == "d":
+                    todo.append((f"{prefix}{name}/", entry.digest))
+                else:
+                    out[prefix + name] = entry
+        return out
+
     def count(self, root: Digest) -> int:
         return sum(e.size if e.is_dir else 1 for e in self.load(root).values())
 
