@@ -118,20 +118,14 @@ def frame_locations(raw: bytes) -> dict[str, FrameLocation]:
     Raises ``IntegrityError`` if the pack is malformed."""
     if not raw.startswith(_MAGIC2):
         return {}
-    header, base = _header2("", raw)
-    frames = header["frames"]
-    starts: list[int] = []
-    pos = base
-    for f in frames:
-        starts.append(pos)
-        pos += f[2]
+    header, frames = _frame_table("", raw)
     out: dict[str, FrameLocation] = {}
     k = 0
     for digest, off, length in header["objects"]:
         while k + 1 < len(frames) and off >= frames[k][0] + frames[k][1]:  # (an empty object: the frame it ends)
             k += 1
-        f = frames[k]
-        out[digest] = FrameLocation(starts[k], f[2], f[3], f[1], off - f[0], length)
+        offset, size, pos, stored, hash_ = frames[k]
+        out[digest] = FrameLocation(pos, stored, hash_, size, off - offset, length)
     return out
 
 
@@ -163,6 +157,28 @@ def _header2(digest: str, raw: bytes) -> tuple[dict[str, Any], int]:
         raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
 
 
+Frame = tuple[int, int, int, int, str]  # offset in the objects part, length, start in the pack, stored bytes, hash
+
+
+def _frame_table(digest: str, raw: bytes) -> tuple[dict[str, Any], list[Frame]]:
+    """A format-2 pack's header and its frames, checked to follow one another and to
+    fill the pack exactly (``IntegrityError`` otherwise)."""
+    header, pos = _header2(digest, raw)
+    try:
+        frames: list[Frame] = []
+        expect = 0
+        for offset, length, stored, hash_ in header["frames"]:
+            if offset != expect or length < 0 or stored < 0:
+                raise ValueError("frames do not follow one another")
+            frames.append((int(offset), int(length), pos, int(stored), str(hash_)))
+            expect, pos = offset + length, pos + stored
+        if pos != len(raw):
+            raise ValueError("frames do not fill the pack")
+    except (ValueError, TypeError) as exc:
+        raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
+    return header, frames
+
+
 class Pack:
     """A decoded pack: its objects, each verified when taken.
 
@@ -173,12 +189,11 @@ class Pack:
     if every frame were open, for the pack cache's budget."""
 
     def __init__(self, digest: str, objects: dict[str, tuple[int, int]], data: bytes | None = None, *,
-                 raw: bytes | memoryview = b"", frames: list[tuple[int, int, int, int]] | None = None) -> None:
+                 raw: bytes | memoryview = b"", frames: list[Frame] | None = None) -> None:
         self.digest = digest
         self.objects = objects
         self._data = data
         self._raw = memoryview(raw)
-        # (offset in the objects part, length, where its stored bytes start in raw, how many)
         self._frames = frames or []
         self._starts = [f[0] for f in self._frames]
         self._opened: dict[int, bytes] = {}
@@ -200,7 +215,7 @@ class Pack:
     def _frame(self, k: int) -> bytes:
         opened = self._opened.get(k)
         if opened is None:  # two threads may open one frame at once: the same bytes, stored twice
-            offset, length, pos, stored = self._frames[k]
+            offset, length, pos, stored, _ = self._frames[k]
             try:
                 opened = zstandard.ZstdDecompressor().decompress(self._raw[pos:pos + stored],
                                                                  max_output_size=length)
@@ -226,17 +241,8 @@ class Pack:
         needed). Raises ``IntegrityError`` if it is malformed; a frame found malformed
         later raises it from ``take``."""
         if raw.startswith(_MAGIC2):
-            header, pos = _header2(digest, raw)
+            header, frames = _frame_table(digest, raw)
             try:
-                frames: list[tuple[int, int, int, int]] = []
-                expect = 0
-                for offset, length, stored, _ in header["frames"]:
-                    if offset != expect or length < 0 or stored < 0:
-                        raise ValueError("frames do not follow one another")
-                    frames.append((int(offset), int(length), pos, int(stored)))
-                    expect, pos = offset + length, pos + stored
-                if pos != len(raw):
-                    raise ValueError("frames do not fill the pack")
                 objects = {d: (off, length) for d, off, length in header["objects"]}
             except (ValueError, KeyError, TypeError) as exc:
                 raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc
