@@ -20,7 +20,7 @@ from .. import __version__
 from ..heap import tune_collector
 from ..mcpserver import mcp_http_app
 from ..store import Store
-from . import admin, errors
+from . import admin, errors, fastlane
 from .auth import Authenticator, TurnProjects
 from .routes import health, projects, snapshots, states, streams, tokens, turns
 
@@ -40,9 +40,10 @@ def _background(store: Store, stop: threading.Event) -> None:
             log.exception("background work failed")
 
 
-def create_app(store: Store | None = None) -> FastAPI:
+def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI:
     """The service app. Without ``store``, one is opened from the environment at
-    startup and closed at shutdown."""
+    startup and closed at shutdown. ``fast_lane=False`` serves the hot agent routes
+    through FastAPI too (``fastlane.py``; the same answers, more CPU per request)."""
     mcp = mcp_http_app()  # the agent tools over MCP (streamable HTTP), mounted at /mcp below
 
     @asynccontextmanager
@@ -73,9 +74,12 @@ def create_app(store: Store | None = None) -> FastAPI:
     errors.install(app)
 
     # turns first: an agent's tool-call and write requests are most of the traffic, and routes match in order
-    for module in (health, turns, projects, states, streams, snapshots, tokens):
-        app.include_router(module.router)
+    routers = [m.router for m in (health, turns, projects, states, streams, snapshots, tokens)]
+    for router in routers:
+        app.include_router(router)
     app.include_router(admin.router)  # the admin web page at /admin (not in the OpenAPI document)
+    if fast_lane:
+        fastlane.install(app, routers)  # plain routes in front of FastAPI's for the agent's hottest requests
     app.mount("/mcp", mcp)  # /mcp/projects/{project_id}[/turns/{turn_id}] (docs/mcp.md)
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     return app

@@ -30,7 +30,7 @@ from .. import errors as E
 from ..records import Role
 from ..store import Store
 
-__all__ = ["Principal", "Allow", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope",
+__all__ = ["Principal", "Allow", "authorize", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope",
            "check_open_mode_origin", "loopback_host"]
 
 AUTH_CACHE_S = 5.0  # an authenticated (or revoked) token is re-checked after this long
@@ -60,7 +60,7 @@ class Authenticator:
     def __init__(self, store: Store) -> None:
         self.store = store
         self._cache: OrderedDict[str, tuple[float, Principal | E.DraftstoreError]] = OrderedDict()
-        self._any_token: tuple[float, bool] = (0.0, False)
+        self._any_token: tuple[float, bool] = (float("-inf"), False)  # never checked
         self._lock = threading.Lock()
 
     def tokens_exist(self) -> bool:
@@ -81,17 +81,16 @@ class Authenticator:
                 if isinstance(hit[1], E.DraftstoreError):
                     raise hit[1]
                 return hit[1]
+        else:
+            checked, exists = self._any_token
+            if time.monotonic() - checked <= AUTH_CACHE_S:
+                return self._tokenless(request, exists)
         return await run_in_threadpool(self.principal, request)
 
     def principal(self, request: Request) -> Principal:
         header = request.headers.get("authorization")
         if header is None:
-            if not self.tokens_exist():
-                if _loopback(request):
-                    check_open_mode_origin(request.headers.get("host"), request.headers.get("origin"))
-                    return Principal(Role.ADMIN, None, None)
-                raise E.AuthRequired("no token configured: the service answers loopback clients only")
-            raise E.AuthRequired("this route needs a bearer token (Authorization: Bearer dst_...)")
+            return self._tokenless(request, self.tokens_exist())
         scheme, _, secret = header.partition(" ")
         if scheme.lower() != "bearer" or not secret.strip():
             raise E.AuthInvalid("Authorization must be 'Bearer <token>'")
@@ -114,6 +113,16 @@ class Authenticator:
         if isinstance(hit[1], E.DraftstoreError):
             raise hit[1]
         return hit[1]
+
+    @staticmethod
+    def _tokenless(request: Request, tokens_exist: bool) -> Principal:
+        """A request without a token: admin in open mode (no token exists) from loopback, else refused."""
+        if not tokens_exist:
+            if _loopback(request):
+                check_open_mode_origin(request.headers.get("host"), request.headers.get("origin"))
+                return Principal(Role.ADMIN, None, None)
+            raise E.AuthRequired("no token configured: the service answers loopback clients only")
+        raise E.AuthRequired("this route needs a bearer token (Authorization: Bearer dst_...)")
 
 
 def _loopback(request: Request) -> bool:
@@ -157,15 +166,22 @@ AGENT = (Role.ADMIN, Role.AGENT)
 ANY = (Role.ADMIN, Role.AGENT, Role.OBSERVER)
 
 
+async def authorize(request: Request, roles: tuple[Role, ...]) -> Principal:
+    """The caller's principal, if its role is one of ``roles`` (else ``auth.forbidden``)."""
+    principal = await request.app.state.auth.principal_async(request)
+    if principal.role not in roles:
+        raise E.Forbidden(f"a {principal.role} token may not do this", role=principal.role)
+    return principal
+
+
 def Allow(*roles: Role) -> object:
-    """A dependency: the caller's principal, if its role is one of ``roles`` (else ``auth.forbidden``)."""
+    """A dependency: ``authorize(request, roles)``. The roles stay readable on the
+    dependency (``.dependency.roles``: the service's fast lane reads them)."""
 
     async def check(request: Request) -> Principal:
-        principal = await request.app.state.auth.principal_async(request)
-        if principal.role not in roles:
-            raise E.Forbidden(f"a {principal.role} token may not do this", role=principal.role)
-        return principal
+        return await authorize(request, roles)
 
+    check.roles = roles  # type: ignore[attr-defined]
     return Depends(check)
 
 

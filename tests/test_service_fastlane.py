@@ -1,0 +1,149 @@
+"""The service's fast lane answers exactly what FastAPI's routes answer.
+
+The same sequence of requests (valid ones, and every kind of bad input,
+token and state) goes to an app with the fast lane and to one without, each
+on its own project of one store; the answers must be equal once each app's
+own ids are named alike. The fast lane must also have served the valid
+requests itself (else this would compare FastAPI with itself).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from starlette.testclient import TestClient
+
+from draftstore import Store
+from draftstore.service import fastlane
+from draftstore.service.app import create_app
+
+JSON = {"content-type": "application/json"}
+
+
+def _counting(app: Any) -> Counter[str]:
+    """Count, per fast route, the requests it served itself (not handed over to FastAPI)."""
+    served: Counter[str] = Counter()
+    for route in app.router.routes:
+        if isinstance(route, fastlane._FastRoute):
+            endpoint, router = route.app, route.app.router
+
+            async def handed_over(scope: Any, receive: Any, send: Any, path: str = route.path,
+                                  router: Any = router) -> None:
+                served[path] -= 1
+                await router(scope, receive, send)
+
+            async def counted(scope: Any, receive: Any, send: Any, endpoint: Any = endpoint,
+                              path: str = route.path) -> None:
+                served[path] += 1
+                await endpoint(scope, receive, send)
+
+            endpoint.router = handed_over
+            route.app = counted
+    return served
+
+
+def _requests(pid: str, tid: str, other_tid: str, tokens: dict[str, str]) -> Iterator[tuple[str, str, Any, dict[str, str]]]:
+    """(method, url, body bytes, headers) in order; ``tid`` is a running turn of ``pid``."""
+    agent = {"authorization": f"Bearer {tokens['agent']}"}
+    auth = {**JSON, **agent}
+    t = f"/v1/turns/{tid}"
+    for url, good, bad in [
+        (f"{t}/tool-calls", b'{"tool_name": "view_file", "args": {"path": "main.py"}}',
+         [b'{"tool_name": ["x"]}', b'{"tool_name": "x", "needs_approval": "yes please"}', b'{"tool_name": "x", "args": NaN}',
+          b'{"tool_name": "x", "args": 1e999}', b'{"tool_name": "x", "extra": 1}']),
+        (f"{t}/tool-calls/1/complete", b'{"result": {"ok": true}}', [b'{"result": 1, "colour": 2}']),
+        (f"{t}/tool-calls", b'{"tool_name": "search_code"}', []),
+        (f"{t}/tool-calls/2/fail", b'{"error": "boom"}', [b'{}']),
+        (f"{t}/tool-calls/2/complete", b'{"result": null}', []),  # already failed: a state conflict
+        (f"{t}/tool-calls/99/complete", b'{"result": null}', []),  # no such call
+        (f"{t}/tool-calls/one/complete", b'{"result": null}', []),  # not an int
+        (f"{t}/tool-calls/-1/complete", b'{"result": null}', []),
+        (f"{t}/deltas", b'{"text": "Hel"}', [b'{"text": 5}']),
+        (f"{t}/heartbeat", None, []),
+        (f"/v1/projects/{pid}/turns", b'{"user_message": "again"}',  # a turn is running: a conflict
+         [b'{"user_message": "x", "continue": "maybe"}', b'{"user_message": "x", "continue_": true}', b"{}"]),
+        (f"/v1/turns/{other_tid}/deltas", b'{"text": "x"}', []),  # another project's turn
+        (f"/v1/turns/nope/tool-calls", b'{"tool_name": "x"}', []),
+    ]:
+        yield "POST", url, good, auth
+        for body in bad + [b"", b'{"tool_name": ', b"[]", b'"\xff\xfe"', b"[" * 5000 + b"]" * 5000]:
+            if good is not None:
+                yield "POST", url, body, auth
+        if good is not None:
+            yield "POST", url, good, {**agent, "content-type": "text/plain"}
+            yield "POST", url, good, {**agent, "content-type": "application/json; charset=utf-8"}
+            yield "POST", url, good, {**agent, "content-type": "application/vnd.x+json"}
+            yield "POST", url, good, agent  # no content type
+        for who in ("none", "bad", "observer", "scoped_other"):
+            headers = dict(JSON)
+            if who == "bad":
+                headers["authorization"] = "Bearer dst_nope_nope"
+            elif who != "none":
+                headers["authorization"] = f"Bearer {tokens[who]}"
+            yield "POST", url, good, headers
+        yield "GET", url, None, auth  # a method the fast lane does not serve here
+    for path, body in [("src/a.py", b"print(1)\n"), ("src/a.py", b""), ("a%00b.py", b"x"), ("%2E%2E/escape.py", b"x"),
+                       ("dir/", b"x"), ("big.bin", b"\x00" * 10)]:
+        yield "PUT", f"{t}/files/{path}", body, agent
+        yield "PUT", f"{t}/files/{path}", body, {"authorization": f"Bearer {tokens['observer']}"}
+    yield "DELETE", f"{t}/files/src/a.py", None, agent
+    yield "POST", f"{t}/complete", b'{"assistant_message": "done"}', auth
+    yield "POST", f"{t}/complete", b'{"assistant_message": "again"}', auth  # ended: a conflict
+    yield "PUT", f"{t}/files/late.py", b"x", agent  # a late write: refused
+    yield "POST", f"{t}/tool-calls", b'{"tool_name": "late"}', auth
+    yield "POST", f"/v1/projects/{pid}/turns", b'{"user_message": "next", "continue": true}', auth
+    yield "POST", f"/v1/projects/{pid}/turns", b'{"user_message": "next"}', {**JSON, "authorization": f"Bearer {tokens['admin']}"}
+
+
+def _answer(response: Any, names: dict[str, str]) -> tuple[int, Any]:
+    text = re.sub(r"\d{4}-\d\d-\d\dT[\d:.]+\+00:00", "<time>", response.text)
+    for real, alias in names.items():
+        text = text.replace(real, alias)
+    text = re.sub(r"\b[0-9a-f]{32}\b", "<id>", text)  # the ids of drafts, versions, ... of each run
+    try:
+        body = json.loads(text)
+    except ValueError:
+        return response.status_code, text
+    if isinstance(body, dict):  # a record: its identity and times differ between the two runs
+        body = {k: v for k, v in body.items() if k not in ("id", "started_at", "ended_at", "created_at",
+                                                           "heartbeat_at", "updated_at", "draft_id", "base_version_id")}
+    return response.status_code, body
+
+
+def test_the_fast_lane_answers_what_fastapi_answers(store: Store) -> None:
+    answers = []
+    served: Counter[str] = Counter()
+    for fast in (False, True):
+        app = create_app(store, fast_lane=fast)
+        if fast:
+            served = _counting(app)
+        pid = store.create_project(f"p-{fast}", files={"main.py": b"x = 1\n"}).id
+        other = store.create_project(f"other-{fast}").id
+        tid = store.start_turn(pid, "hello").id
+        other_tid = store.start_turn(other, "hi").id
+        tokens = {"agent": store.tokens.create("agent", project_id=pid)[1],
+                  "observer": store.tokens.create("observer", project_id=pid)[1],
+                  "scoped_other": store.tokens.create("agent", project_id=other)[1],
+                  "admin": store.tokens.create("admin")[1]}
+        names = {tid: "<turn>", other_tid: "<other-turn>", pid: "<project>", other: "<other-project>"}
+        got = []
+        with TestClient(app, raise_server_exceptions=False) as client:
+            for method, url, body, headers in _requests(pid, tid, other_tid, tokens):
+                got.append(((method, url.replace(tid, "<turn>").replace(pid, "<project>")),
+                            _answer(client.request(method, url, content=body, headers=headers), names)))
+        answers.append(got)
+    slow, fast_ = answers
+    assert len(slow) == len(fast_) > 150
+    for (what, a), (_, b) in zip(slow, fast_):
+        assert a == b, what
+        assert a[0] < 500, what
+    statuses = Counter(status for _, (status, _) in slow)
+    assert {200, 201, 204, 401, 403, 404, 405, 409, 422} <= set(statuses), statuses
+    # the fast lane served the valid requests of each hot route itself
+    for _, path in fastlane.HOT:
+        assert served[fastlane._fast_path(path)] > 0, (path, served)
