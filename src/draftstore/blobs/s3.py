@@ -182,10 +182,12 @@ class S3BlobStore(BlobStoreBase):
         lean = lean_reads and endpoint_url and style == "path" and not _proxied(endpoint_url)
         credentials = session.get_credentials() if lean else None
         if credentials is not None:
+            # the CA bundle botocore verifies with (AWS_CA_BUNDLE, or ca_bundle in the AWS config file)
+            ca_bundle = session._session.get_config_variable("ca_bundle")
             self._reader = LeanReader(endpoint_url or "", bucket, credentials,
                                       self._client.meta.region_name or "us-east-1",
                                       connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
-                                      max_attempts=max_attempts)
+                                      max_attempts=max_attempts, ca_bundle=ca_bundle)
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         # requests sent, by kind (get, get_range, head, put): for operators and benchmarks

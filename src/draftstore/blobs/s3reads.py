@@ -27,7 +27,6 @@ for virtual-hosted buckets, and for every other operation).
 from __future__ import annotations
 
 import http.client
-import os
 import random
 import re
 import socket
@@ -66,7 +65,8 @@ class LeanReader:
     """GETs of objects in one bucket, path-style (module docstring)."""
 
     def __init__(self, endpoint_url: str, bucket: str, credentials: Any, region: str, *,
-                 connect_timeout_s: float, read_timeout_s: float, max_attempts: int) -> None:
+                 connect_timeout_s: float, read_timeout_s: float, max_attempts: int,
+                 ca_bundle: str | None = None) -> None:
         parts = urlsplit(endpoint_url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise ValueError(f"not an http(s) endpoint: {endpoint_url!r}")
@@ -84,7 +84,9 @@ class LeanReader:
         self._connect_timeout = connect_timeout_s
         self._read_timeout = read_timeout_s
         self._attempts = max(1, max_attempts)
-        self._ssl = ssl.create_default_context(cafile=os.environ.get("AWS_CA_BUNDLE") or None) if self._https else None
+        # https: verified against ``ca_bundle`` (the store passes the one botocore uses), else the system's CAs
+        self.ca_bundle = ca_bundle or None
+        self._ssl = ssl.create_default_context(cafile=self.ca_bundle) if self._https else None
         self._local = threading.local()
         # every open connection, by the thread it belongs to: one of a thread that has ended is
         # closed when the next connection opens (pool threads come and go)

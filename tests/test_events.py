@@ -1,0 +1,63 @@
+"""The event publisher: bursts are appended together, in order, and a flush never waits out the linger."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from draftstore.events import EventPublisher
+
+
+def test_a_burst_is_appended_in_order_after_the_linger_and_a_flush_cuts_the_linger_short(coordinator: Any) -> None:
+    publisher = EventPublisher(coordinator, linger_s=30.0)  # far longer than this test may take
+    try:
+        for i in range(50):
+            publisher.emit("turn:t1", "tool.started", {"seq": i})
+        time.sleep(0.2)
+        assert coordinator.read("turn:t1") == []  # still gathering the burst
+        t0 = time.monotonic()
+        assert publisher.flush(timeout=10)
+        assert time.monotonic() - t0 < 10  # the flush woke the publisher: it did not sleep out 30 s
+        events = coordinator.read("turn:t1")
+        assert [e.data["seq"] for e in events] == list(range(50))
+        assert [e.id for e in events] == sorted(e.id for e in events)
+        # a flush from another thread while events keep coming: every event before it is there after it
+        stop = threading.Event()
+        emitted = [50]  # events emitted so far (the writer bumps it after each emit)
+
+        def writer() -> None:
+            while not stop.is_set():
+                publisher.emit("turn:t1", "tool.started", {"seq": emitted[0]})
+                emitted[0] += 1
+                time.sleep(0.001)
+
+        th = threading.Thread(target=writer)
+        th.start()
+        try:
+            for _ in range(5):
+                time.sleep(0.02)
+                before = emitted[0]
+                assert publisher.flush(timeout=10)
+                seen = [e.data["seq"] for e in coordinator.read("turn:t1", limit=100_000)]
+                assert seen == list(range(len(seen)))  # in order, nothing missing in between
+                assert len(seen) >= before  # everything emitted before the flush
+        finally:
+            stop.set()
+            th.join()
+        assert publisher.flush(timeout=10)
+        assert publisher._flushes == 0  # noqa: SLF001 - every flush was reached
+    finally:
+        publisher.close()
+
+
+def test_events_are_appended_without_a_flush_once_the_linger_is_over(coordinator: Any) -> None:
+    publisher = EventPublisher(coordinator, linger_s=0.05)
+    try:
+        publisher.emit("turn:t2", "draft.changed", {"paths": ["a.py"]})
+        deadline = time.monotonic() + 10
+        while not coordinator.read("turn:t2") and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert [e.type for e in coordinator.read("turn:t2")] == ["draft.changed"]
+    finally:
+        publisher.close()
