@@ -6,7 +6,7 @@ import threading
 import time
 from typing import Any
 
-from draftstore.events import EventPublisher
+from draftstore.events import Activity, EventPublisher
 
 
 def test_a_burst_is_appended_in_order_after_the_linger_and_a_flush_cuts_the_linger_short(coordinator: Any) -> None:
@@ -61,3 +61,60 @@ def test_events_are_appended_without_a_flush_once_the_linger_is_over(coordinator
         assert [e.type for e in coordinator.read("turn:t2")] == ["draft.changed"]
     finally:
         publisher.close()
+
+
+def _wait_for(coordinator: Any, stream: str, n: int, timeout: float = 10.0) -> list[Any]:
+    deadline = time.monotonic() + timeout
+    while len(events := coordinator.read(stream)) < n and time.monotonic() < deadline:
+        time.sleep(0.005)
+    return events
+
+
+def test_an_append_waits_for_a_gap_between_operations_but_never_longer_than_its_bound(coordinator: Any) -> None:
+    activity = Activity()
+    publisher = EventPublisher(coordinator, linger_s=0.001, activity=activity, max_defer_s=30.0)
+    try:
+        release = threading.Event()
+        entered = threading.Event()
+
+        def operation() -> None:
+            with activity.running():
+                entered.set()
+                release.wait(20)
+
+        op = threading.Thread(target=operation)
+        op.start()
+        assert entered.wait(5)
+        publisher.emit("turn:t3", "tool.started", {"seq": 1})
+        time.sleep(0.3)
+        assert coordinator.read("turn:t3") == []  # an operation is running: the append waits
+        release.set()
+        op.join()
+        assert [e.data["seq"] for e in _wait_for(coordinator, "turn:t3", 1)] == [1]  # appended in the gap
+
+        # a flush does not wait for the gap
+        release.clear()
+        entered.clear()
+        op = threading.Thread(target=operation)
+        op.start()
+        assert entered.wait(5)
+        publisher.emit("turn:t3", "tool.completed", {"seq": 1})
+        time.sleep(0.2)  # the publisher is waiting for the gap now
+        assert len(coordinator.read("turn:t3")) == 1
+        t0 = time.monotonic()
+        assert publisher.flush(timeout=10)
+        assert time.monotonic() - t0 < 10
+        assert [e.type for e in coordinator.read("turn:t3")] == ["tool.started", "tool.completed"]
+        release.set()
+        op.join()
+    finally:
+        publisher.close()
+
+    # a process that is never idle still appends, once the bound is over
+    bounded = EventPublisher(coordinator, linger_s=0.001, activity=activity, max_defer_s=0.2)
+    try:
+        with activity.running():
+            bounded.emit("turn:t4", "tool.started", {"seq": 1})
+            assert [e.type for e in _wait_for(coordinator, "turn:t4", 1)] == ["tool.started"]
+    finally:
+        bounded.close()

@@ -31,7 +31,7 @@ from .coord import Coordinator
 from .db.engine import create_db_engine, is_sqlite
 from .db.oneshot import OneShot
 from .digest import EMPTY_TREE
-from .events import EventPublisher
+from .events import Activity, EventPublisher
 from .packs import PackedObjects
 from .pools import settle, start_workers
 from .settings import Limits, Settings
@@ -80,7 +80,8 @@ class Backends:
             coord.since()
         except E.DraftstoreError:
             pass  # unavailable now: the first operation says so, typed
-        self.events = EventPublisher(coord)
+        self.activity = Activity()  # operations running now: the event publisher appends between them
+        self.events = EventPublisher(coord, activity=self.activity)
         self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
         self._reads = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="draftstore-read")
 
@@ -115,7 +116,7 @@ class Backends:
 
         ``read_only`` lets SQLite readers run beside a writer (deferred BEGIN).
         """
-        with self.db_errors(), self.engine.connect() as conn:
+        with self.activity.running(), self.db_errors(), self.engine.connect() as conn:
             if read_only:
                 conn.execution_options(draftstore_read_only=True)
             with conn.begin():
@@ -139,7 +140,7 @@ class Backends:
 
     def run(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
         """Run a one-shot statement; returns (first row or None, rowcount)."""
-        with self.db_errors():
+        with self.activity.running(), self.db_errors():
             return stmt.run(params)
 
     def for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:

@@ -15,21 +15,63 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from .coord import Coordinator
 from .errors import DraftstoreError
 
-__all__ = ["EventPublisher"]
+__all__ = ["Activity", "EventPublisher", "LINGER_S", "MAX_DEFER_S"]
 
 log = logging.getLogger("draftstore.events")
 
-# How long the publisher lets a burst of events gather before appending it. Each
-# append is a round trip and ~0.1-0.2 ms of CPU beside whatever operation is
-# running: measured over HTTP, a 5 ms linger put one into most file writes that
-# followed tool calls (+0.4 ms at the median); at 20 ms a live stream shows
-# events no later than a human can notice, and readers never wait for it (flush).
-LINGER_S = 0.02
+# How long the publisher lets a burst of events gather before appending it (one
+# round trip per burst). Kept short on purpose: events of one turn can come from
+# several processes (deltas through one, the end of the turn through another),
+# and each process appends its own; an event acknowledged before the turn ended
+# elsewhere must reach the buffer before the end does. (A 20 ms linger let a delta
+# streamed through one service process land after the interrupt sent through
+# another.) Readers never wait for it: a flush cuts it short.
+LINGER_S = 0.005
+# After the linger, an append waits (at most this long) for a moment when no
+# operation of this process is running: its round trip and ~0.2 ms of CPU then
+# fall between requests instead of inside one (measured over HTTP: appended in
+# the middle of file writes, it cost them 0.4 ms at the median). An idle process
+# appends after the linger alone.
+MAX_DEFER_S = 0.005  # about one file write: appends still land within 10 ms of their event
+
+
+class Activity:
+    """How many store operations are running in this process (``running``), so
+    background work can wait for a gap between them (``wait_idle``)."""
+
+    def __init__(self) -> None:
+        self._running = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    @contextmanager
+    def running(self) -> Iterator[None]:
+        with self._cond:
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._running -= 1
+                if not self._running:
+                    self._cond.notify_all()
+
+    def wait_idle(self, timeout: float, unless: Callable[[], bool] = lambda: False) -> bool:
+        """Wait until no operation runs (or ``unless()``, checked whenever ``poke`` is
+        called), at most ``timeout`` seconds; True if idle (or ``unless``)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._running or unless(), timeout)
+
+    def poke(self) -> None:
+        """Wake ``wait_idle`` to check its ``unless`` again."""
+        with self._cond:
+            self._cond.notify_all()
 
 _STOP = object()
 _EXPIRE = object()  # queue item (_EXPIRE, stream, ttl_s)
@@ -44,9 +86,11 @@ class EventPublisher:
     """
 
     def __init__(self, coord: Coordinator, max_pending: int = 100_000, linger_s: float = LINGER_S,
-                 max_batch: int = 500) -> None:
+                 max_batch: int = 500, activity: Activity | None = None, max_defer_s: float = MAX_DEFER_S) -> None:
         self.coord = coord
         self.linger_s = linger_s
+        self.activity = activity  # None: append after the linger, whatever runs
+        self.max_defer_s = max_defer_s
         self._hurry = threading.Event()  # set by flush: stop lingering
         self._flushes = 0  # flushes queued and not yet reached (no linger while any waits)
         self._flushes_lock = threading.Lock()
@@ -95,6 +139,8 @@ class EventPublisher:
                 self._flushes -= 1
             return False
         self._hurry.set()
+        if self.activity is not None:
+            self.activity.poke()
         return done.wait(timeout)
 
     def close(self) -> None:
@@ -111,8 +157,11 @@ class EventPublisher:
             batch = [item]
             if item is not _STOP and isinstance(item[0], str) and not self._flushes:
                 # let a burst gather, then take it all: one round trip and one
-                # wake-up per burst instead of per event (a flush cuts it short)
+                # wake-up per burst instead of per event (a flush cuts it short);
+                # then wait for a gap between this process's operations (bounded)
                 self._hurry.wait(self.linger_s)
+                if self.activity is not None and not self._flushes:
+                    self.activity.wait_idle(self.max_defer_s, unless=lambda: self._flushes > 0)
             while len(batch) < self.max_batch and batch[-1] is not _STOP:
                 try:
                     batch.append(self._queue.get_nowait())

@@ -79,6 +79,9 @@ class Store:
         self._b = b = Backends(engine, blobs, coord, settings, cache)
         self.settings, self.limits = settings, settings.limits
         self.engine, self.blobs, self.coord, self.cache, self.trees = engine, blobs, coord, cache, b.trees
+        #: work running on this store in this process: ``with store.activity.running(): ...`` marks a
+        #: span (the service marks each hot request); background work (event appends) waits for a gap
+        self.activity = b.activity
         sealing = Sealing(b)
         self._packing = Packing(b)
         b.locate = self._packing.locate

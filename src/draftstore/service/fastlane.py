@@ -97,6 +97,12 @@ class _FastEndpoint:
             raise TypeError(f"fast lane: {api_route.path} has no Allow(...) principal")
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        # the whole request, answer included, is one span of the store's activity: the
+        # event publisher appends between requests, not while this one runs or answers
+        with scope["app"].state.store.activity.running():
+            await self._serve(scope, receive, send)
+
+    async def _serve(self, scope: Any, receive: Any, send: Any) -> None:
         request = Request(scope, receive)
         body: BaseModel | None = None
         if self.model is not None:
