@@ -63,9 +63,14 @@ class Authenticator:
         self._any_token: tuple[float, bool] = (float("-inf"), False)  # never checked
         self._lock = threading.Lock()
 
-    def tokens_exist(self) -> bool:
+    def _cached_tokens_exist(self) -> bool | None:
+        """Whether a token exists, as checked within ``AUTH_CACHE_S`` (None: not lately)."""
         checked, exists = self._any_token
-        if time.monotonic() - checked > AUTH_CACHE_S:
+        return exists if time.monotonic() - checked <= AUTH_CACHE_S else None
+
+    def tokens_exist(self) -> bool:
+        exists = self._cached_tokens_exist()
+        if exists is None:
             exists = self.store.tokens.any_active()
             self._any_token = (time.monotonic(), exists)
         return exists
@@ -82,8 +87,8 @@ class Authenticator:
                     raise hit[1]
                 return hit[1]
         else:
-            checked, exists = self._any_token
-            if time.monotonic() - checked <= AUTH_CACHE_S:
+            exists = self._cached_tokens_exist()
+            if exists is not None:
                 return self._tokenless(request, exists)
         return await run_in_threadpool(self.principal, request)
 

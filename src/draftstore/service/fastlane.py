@@ -30,7 +30,7 @@ import email.message
 import inspect
 import json
 import typing
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from typing import Any
 
 from fastapi import APIRouter, FastAPI
@@ -113,11 +113,8 @@ class _FastEndpoint:
                 return
         principal = await authorize(request, self.roles)
         path_params = scope["path_params"]
-        supply: dict[str, Callable[[], Any]] = {
-            "body": lambda: body, "request": lambda: request, "principal": lambda: principal,
-            "store": lambda: request.app.state.store,
-        }
-        kwargs = {p: path_params[p] if p in path_params else supply[p]() for p in self.params}
+        supplied = {"body": body, "request": request, "principal": principal, "store": request.app.state.store}
+        kwargs = {p: path_params[p] if p in path_params else supplied[p] for p in self.params}
         if self.is_async:
             response = await self.fn(**kwargs)
         else:
