@@ -118,3 +118,18 @@ def test_an_append_waits_for_a_gap_between_operations_but_never_longer_than_its_
             assert [e.type for e in _wait_for(coordinator, "turn:t4", 1)] == ["tool.started"]
     finally:
         bounded.close()
+
+
+def test_append_now_lands_after_everything_queued_before_it_without_waiting_out_the_linger(coordinator: Any) -> None:
+    publisher = EventPublisher(coordinator, linger_s=30.0)
+    try:
+        for i in range(3):
+            publisher.emit("turn:t5", "tool.started", {"seq": i})
+        t0 = time.monotonic()
+        new_id = publisher.append_now("turn:t5", "assistant.delta", {"text": "now"})
+        assert time.monotonic() - t0 < 10
+        events = coordinator.read("turn:t5")  # no flush: it is there when append_now returns
+        assert [e.type for e in events] == ["tool.started"] * 3 + ["assistant.delta"]
+        assert events[-1].id == new_id
+    finally:
+        publisher.close()

@@ -575,6 +575,27 @@ def draft_state(store: Store, project_id: str, turn_id: str) -> tuple[Any, ...]:
             [(c.seq, c.status) for c in t.tool_calls], len(store.list_projects()))
 
 
+def test_text_sent_while_redis_is_down_is_refused_retryable_and_lands_once_it_is_back(
+        pg_db, real_s3: S3Service, own_redis: OwnRedis, services):
+    """A delta lives only in the buffer: while Redis is down the service must not acknowledge
+    one (503, retryable) rather than drop it silently; the turn itself goes on."""
+    svc = services(stack_of(pg_db, real_s3.url(f"t-{token()}"), own_redis.url("svc")))
+    c = svc.client()
+    p = new_project(c, "deltas")
+    t = start_turn(c, p)
+    assert c.post(f"/v1/turns/{t}/deltas", json={"text": "before "}).status_code == 204
+    own_redis.kill()
+    r = c.post(f"/v1/turns/{t}/deltas", json={"text": "lost? "})
+    assert r.status_code == 503, r.text
+    assert r.json()["code"] == "backend.unavailable" and r.json()["retryable"] is True
+    assert c.put(f"/v1/turns/{t}/files/a.py", content=b"A = 1\n").status_code == 204  # the turn goes on
+    own_redis.start()  # empty: the buffer is gone, the stream will say so
+    wait_until(lambda: c.post(f"/v1/turns/{t}/deltas", json={"text": "after"}).status_code == 204, 30,
+               "a delta to be taken once Redis is back")
+    events = c.get(f"/v1/turns/{t}/events", headers={"accept": "application/json"}).json()["events"]
+    assert [e["data"]["text"] for e in events if e["type"] == "assistant.delta"] == ["after"]
+
+
 def test_s3_down_writes_fail_retryable_and_change_nothing_cached_reads_go_on_and_the_writes_succeed_after(
         pg_db, real_redis: RedisServer, seaweed: OwnSeaweedFS):
     prefix = f"t-{token()}"

@@ -10,6 +10,7 @@ coordinator file beside it. The SSE client comes from tests/test_service_streams
 from __future__ import annotations
 
 import collections
+import signal
 import threading
 from typing import Any
 
@@ -190,3 +191,20 @@ def test_a_subscriber_on_one_process_sees_a_turn_driven_through_the_other(servic
         assert (published.type, published.json) == ("version.published", {"version_id": r.json()["id"], "number": 2})
     finally:
         project_stream.close()
+
+
+def test_text_a_service_acknowledged_is_in_the_buffer_even_if_it_is_killed_at_once(service_factory):
+    """A delta's 204 means it is in the buffer: deltas live nowhere else (no row per delta),
+    so a worker killed right after acknowledging one must not take it along, and a turn
+    ended through another process right after it must not end the stream before it."""
+    svc = service_factory()
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    texts = [f"piece {i} " for i in range(5)]
+    for text in texts:
+        delta(c, t, text)
+    svc.proc.send_signal(signal.SIGKILL)  # at once: well inside any linger of the event publisher
+    svc.proc.wait(timeout=10)
+    buffered = svc.store.events(f"turn:{t}")
+    assert [e.data["text"] for e in buffered if e.type == "assistant.delta"] == texts

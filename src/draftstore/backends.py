@@ -213,6 +213,11 @@ class Backends:
         """Queue an event for SSE (never waited for: events are rebuildable from rows)."""
         self.events.emit(stream, type, data)
 
+    def append_now(self, stream: str, type: str, data: dict[str, Any]) -> None:
+        """Append an event that lives nowhere else (a text delta) before returning,
+        in order after the events queued so far; raises if the coordinator refused it."""
+        self.events.append_now(stream, type, data)
+
     def expire_stream(self, stream: str) -> None:
         """Let a stream's buffer go ``event_ttl_s`` after now (queued behind its events)."""
         self.events.expire(stream, self.settings.event_ttl_s)

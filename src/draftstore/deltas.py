@@ -5,7 +5,10 @@ Each delta is one event (``assistant.delta``) in the turn's buffer; the text
 so far is kept in this process and written to ``partial_response_json`` (of
 the turn and of its draft) at most once every ``flush_interval_s`` and when
 the turn is interrupted. It is a UI cache, never model context: deltas of one
-turn are expected from one process (the one running the turn).
+turn are expected from one process (the one running the turn). A delta is in
+the buffer when ``append`` returns (it is recorded nowhere else): a process
+killed after acknowledging it loses nothing, and a coordinator that refuses it
+makes ``append`` raise (``backend.unavailable``), so the sender can retry.
 """
 
 from __future__ import annotations
@@ -68,7 +71,8 @@ class Deltas:
             partial.size += len(text)
             partial.dirty = True
             due = time.monotonic() - partial.flushed_at >= self.flush_interval_s
-        self.b.emit(f"turn:{turn_id}", "assistant.delta", {"turn_id": turn_id, "text": text})
+        # in the buffer before this returns: a delta lives nowhere else (see events.append_now)
+        self.b.append_now(f"turn:{turn_id}", "assistant.delta", {"turn_id": turn_id, "text": text})
         if due:
             self._flush(turn_id, partial)
 

@@ -8,6 +8,13 @@ process, events of a stream keep the order of the operations that emitted
 them. ``flush`` waits until everything queued so far is appended (the store
 calls it before reading events and on close, so a process reads its own
 events).
+
+The one exception is an event nothing else records: an assistant text delta
+lives only in the buffer (no row per delta). ``append_now`` appends such an
+event before it returns, after everything queued before it, and raises if the
+coordinator refused it: once its caller acknowledges it, a process killed the
+next moment does not take it along, and a turn ended through another process
+afterwards ends the stream after it.
 """
 
 from __future__ import annotations
@@ -28,11 +35,11 @@ log = logging.getLogger("draftstore.events")
 
 # How long the publisher lets a burst of events gather before appending it (one
 # round trip per burst). Kept short on purpose: events of one turn can come from
-# several processes (deltas through one, the end of the turn through another),
-# and each process appends its own; an event acknowledged before the turn ended
-# elsewhere must reach the buffer before the end does. (A 20 ms linger let a delta
-# streamed through one service process land after the interrupt sent through
-# another.) Readers never wait for it: a flush cuts it short.
+# several processes, each appending its own, and the buffer's order is the order
+# of the appends: an event queued in one process can land after an event of the
+# same turn emitted a few milliseconds later in another. (Deltas, which nothing
+# else records, do not wait for it: ``append_now``.) Readers never wait for it: a
+# flush cuts it short.
 LINGER_S = 0.005
 # After the linger, an append waits (at most this long) for a moment when no
 # operation of this process is running: its round trip and ~0.2 ms of CPU then
@@ -142,6 +149,14 @@ class EventPublisher:
         if self.activity is not None:
             self.activity.poke()
         return done.wait(timeout)
+
+    def append_now(self, stream: str, type: str, data: dict[str, Any]) -> int:
+        """Append one event now, after every event queued before this call; returns
+        its id. Raises the coordinator's error (typed) if it could not be appended:
+        for an event that lives nowhere else, so its caller acknowledges it only once
+        it is in the buffer."""
+        self.flush()
+        return self.coord.append(stream, type, data)
 
     def close(self) -> None:
         if self._thread is not None:

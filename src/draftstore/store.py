@@ -278,7 +278,9 @@ class Store:
 
     def append_delta(self, turn_id: str, text: str) -> None:
         """Stream assistant text of a running turn to its event buffer (``assistant.delta``);
-        never a row per delta: the partial response is refreshed at most once a second."""
+        never a row per delta: the partial response is refreshed at most once a second.
+        The delta is in the buffer when this returns (it is recorded nowhere else);
+        raises ``backend.unavailable`` if the coordinator refused it, ``turn.not_running``."""
         self._turns.deltas.append(turn_id, text)
 
     def list_turns(self, project_id: str) -> list[Turn]:
