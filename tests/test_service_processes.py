@@ -208,3 +208,23 @@ def test_text_a_service_acknowledged_is_in_the_buffer_even_if_it_is_killed_at_on
     svc.proc.wait(timeout=10)
     buffered = svc.store.events(f"turn:{t}")
     assert [e.data["text"] for e in buffered if e.type == "assistant.delta"] == texts
+
+
+def test_an_event_another_process_appends_just_after_the_turn_ended_still_reaches_the_live_stream(service_factory):
+    """Each process appends its own events a few milliseconds after emitting them, so a tool
+    call recorded elsewhere just before the turn ended can land after the end event: a live
+    stream must still send it before ``stream.end``, not end without it."""
+    svc = service_factory()
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    elsewhere = svc.store  # another process's store on the same stack (this test's own)
+    elsewhere._b.events.linger_s = 30.0  # noqa: SLF001 - hold its append back until flushed below
+    seq = elsewhere.tool_started(t, "view_file", {"path": "main.py"}).seq  # committed; its event still queued
+    with sse(svc, f"/v1/turns/{t}/events") as es:
+        assert es.read_n(1)[0].type == "turn.started"
+        complete(c, t)  # the service appends turn.completed now
+        wait_buffered(c, t, ends_with("turn.completed"))
+        assert elsewhere._b.events.flush(timeout=10)  # noqa: SLF001 - the late append: after the end event
+        rest = es.read_to_end()
+    assert keys(rest) == [("turn.completed", None), ("tool.started", seq), ("stream.end", None)]

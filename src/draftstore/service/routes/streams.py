@@ -13,10 +13,14 @@ buffered event that the rebuild already sent (it reached the buffer after the
 rebuild's snapshot) is not sent again: an event with only an ``id:`` line moves
 the client's ``Last-Event-ID`` past it (EventSource dispatches nothing for it).
 
-A turn's stream ends (``stream.end``) after the turn's end event; a client
-that reconnects once the turn has ended gets ``stream.end`` when nothing is
-left to send (after ``END_GRACE_S``, time for a just-emitted end event to reach
-the buffer). A stream outlives a coordinator outage: it waits for the
+A turn's stream ends (``stream.end``) after the turn's end event, once
+``AFTER_END_S`` has passed with nothing more to send: each process appends
+the events it emitted itself, within about 10 ms, so an event of the turn
+sent through another process just before the turn ended can reach the buffer
+just after the end event, and it is still sent. A client that reconnects
+once the turn has ended gets ``stream.end`` when nothing is left to send
+(after ``END_GRACE_S``, time for a just-emitted end event to reach the
+buffer). A stream outlives a coordinator outage: it waits for the
 coordinator, then goes on (or is rebuilt, if the buffer was lost).
 
 Idle streams get a keep-alive comment (a line starting with ``:``) every
@@ -67,6 +71,7 @@ KEEPALIVE_S = _keepalive_s()
 MAX_EVENT_ID = 2**62  # ids count one stream's events: anything above names no event (and fits every backend)
 POLL_S = 0.2
 END_GRACE_S = 1.0
+AFTER_END_S = 0.5  # after the end event: fifty times the bound on another process's late append
 MAX_RETRY_S = 2.0  # longest wait between attempts to reach an unreachable coordinator
 BATCH = 500
 TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
@@ -184,13 +189,13 @@ class _Stream:
                     yield ServerSentEvent(id=f"{self.epoch or '-'}:{event.id}")
                 elif (self.types is None or event.type in self.types) and not (self.no_drafts and _hidden(event)):
                     yield _sse(self.epoch, event)
-                if self.turn_id and event.type in TURN_END:
-                    self.ended = True
-                    break
+                if self.turn_id and event.type in TURN_END and self.end_by is None:
+                    self.end_by = time.monotonic() + AFTER_END_S  # then: what other processes append late
             if not tail.events:
-                if self.end_by is not None and time.monotonic() >= self.end_by:
-                    break  # the turn had ended before the client came back, and it has everything
-                await asyncio.sleep(POLL_S)
+                now = time.monotonic()
+                if self.end_by is not None and now >= self.end_by:
+                    break  # the turn has ended, and the client has everything
+                await asyncio.sleep(POLL_S if self.end_by is None else min(POLL_S, self.end_by - now))
         yield ServerSentEvent("{}", event="stream.end")
 
 
