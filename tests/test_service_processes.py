@@ -221,6 +221,8 @@ def test_an_event_another_process_appends_just_after_the_turn_ended_still_reache
     elsewhere = svc.store  # another process's store on the same stack (this test's own)
     elsewhere._b.events.linger_s = 30.0  # noqa: SLF001 - hold its append back until flushed below
     seq = elsewhere.tool_started(t, "view_file", {"path": "main.py"}).seq  # committed; its event still queued
+    # (a stream opened before the buffer exists is rebuilt from the database, tool call included)
+    wait_buffered(c, t, ends_with("turn.started"))
     with sse(svc, f"/v1/turns/{t}/events") as es:
         assert es.read_n(1)[0].type == "turn.started"
         complete(c, t)  # the service appends turn.completed now
