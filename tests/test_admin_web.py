@@ -481,9 +481,10 @@ def test_a_question_does_not_outlive_its_page(service: Service, page: Any) -> No
 
 
 @EMBEDDED
-def test_long_lists_show_their_newest_items_and_say_how_many_are_not_shown(service: Service, page: Any) -> None:
-    """Lists longer than the page's caps (lowered here) show the newest items, with a count of the
-    older ones left out; head's version is shown even when it is older than every version listed."""
+def test_long_lists_show_their_newest_items_and_say_older_ones_are_not_shown(service: Service, page: Any) -> None:
+    """Lists longer than the page's caps (lowered here) show the newest items, read newest first
+    (only the pages that hold them), and say older ones are left out; head's version is shown
+    even when it is older than every version listed."""
     from playwright.sync_api import expect
 
     store = service.store
@@ -497,6 +498,8 @@ def test_long_lists_show_their_newest_items_and_say_how_many_are_not_shown(servi
     store.rollback_to(project.id, v1)  # head moves: create, 6 publishes, this rollback
 
     login(page, service, service.admin)
+    lists: list[str] = []  # the list requests the page sends
+    page.on("request", lambda r: lists.append(r.url) if re.search(r"/(versions|turns|head-moves)\?", r.url) else None)
     page.evaluate("""async () => {
         const {LIMITS} = await import('/admin/static/project.js');
         Object.assign(LIMITS, {versions: 3, moves: 4, turns: 2, page: 2});
@@ -505,17 +508,22 @@ def test_long_lists_show_their_newest_items_and_say_how_many_are_not_shown(servi
     expect(page.locator("#versions-table tbody tr")).to_have_count(3)
     numbers = page.locator("#versions-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.number)")
     assert numbers == ["7", "6", "5"]
-    expect(page.locator("#versions-older")).to_have_text(
-        "Showing the newest 3 of 7 versions; the 4 older ones are not shown.")
+    expect(page.locator("#versions-older")).to_have_text("Showing the newest 3 versions; older ones are not shown.")
     expect(page.locator("#head-number")).to_have_text("v1")  # read by id: older than the versions shown
     expect(page.locator("#moves-table tbody tr")).to_have_count(4)
     expect(page.locator("#moves-table tbody tr").first).to_have_attribute("data-reason", "rollback")
     expect(page.locator("#moves-table tbody tr").first).to_contain_text("v7 → v1")
-    expect(page.locator("#moves-older")).to_have_text(
-        "Showing the newest 4 of 8 head moves; the 4 older ones are not shown.")
+    expect(page.locator("#moves-older")).to_have_text("Showing the newest 4 head moves; older ones are not shown.")
     expect(page.locator("#turns-table tbody tr")).to_have_count(2)
     expect(page.locator("#turns-table tbody tr").first).to_contain_text("turn 6")
-    expect(page.locator("#turns-older")).to_have_text("Showing the newest 2 of 6 turns; the 4 older ones are not shown.")
+    expect(page.locator("#turns-older")).to_have_text("Showing the newest 2 turns; older ones are not shown.")
+    # every list is read newest first, and no further than the items shown: the 2 newest turns are
+    # one page of 2 (never a second page), the 3 newest versions a page of 2 and one of 1
+    assert lists and all("order=newest" in u for u in lists), lists
+    turns = [u for u in lists if "/turns?" in u]
+    assert turns and all("limit=2" in u and "cursor=" not in u for u in turns), turns
+    versions = [u for u in lists if "/versions?" in u]
+    assert all("limit=2" in u and "cursor=" not in u or "limit=1" in u and "cursor=" in u for u in versions), versions
     shot(page, "09-long-lists")
 
     # lists within their caps have no such line; the diff page names head by its number all the same

@@ -17,6 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
+from draftstore import errors as E
 from draftstore.service.auth import AUTH_CACHE_S
 from service_fixtures import Service, free_port
 from services import token as random_token
@@ -333,6 +334,29 @@ def test_every_list_pages_without_gaps_or_repeats(service: Service) -> None:
     moves = walk(c, f"/v1/projects/{pid}/head-moves", limit=2)
     assert [m["reason"] for m in moves] == ["create"] + ["publish"] * 5 + ["rollback"]
     assert len({m["id"] for m in moves}) == 7
+    # newest first: the same items reversed, for every page size (a UI reads only the pages it shows)
+    for url, oldest in ((f"/v1/projects/{pid}/turns", turn_ids), (f"/v1/projects/{pid}/versions", [v.id for v in versions]),
+                        (f"/v1/projects/{pid}/head-moves", [m["id"] for m in moves])):
+        for limit in (1, 2, 3, 200):
+            assert [x["id"] for x in walk(c, url, limit=limit, order="newest")] == oldest[::-1], (url, limit)
+        first = ok(c.get(url, params={"order": "newest", "limit": 2}))
+        assert [x["id"] for x in first["items"]] == oldest[::-1][:2]
+        # a cursor belongs to the order it came from
+        err(c.get(url, params={"cursor": first["next_cursor"]}), 422, "input.invalid")
+        err(c.get(url, params={"order": "oldest", "cursor": first["next_cursor"]}), 422, "input.invalid")
+        oldest_cursor = ok(c.get(url, params={"limit": 2}))["next_cursor"]
+        err(c.get(url, params={"order": "newest", "cursor": oldest_cursor}), 422, "input.invalid")
+        for bad in ("latest", "NEWEST", "", "1"):
+            err(c.get(url, params={"order": bad}), 422, "input.invalid")
+    # the library: the same order, the same refusals
+    assert [t.id for t in store.page_turns(pid, limit=200, newest_first=True).items] == turn_ids[::-1]
+    page = store.page_versions(pid, limit=4, newest_first=True)
+    assert [v.number for v in page.items] == [6, 5, 4, 3]
+    assert [v.number for v in store.page_versions(pid, page.next_cursor, 4, newest_first=True).items] == [2, 1]
+    with pytest.raises(E.InvalidInput):
+        store.page_versions(pid, page.next_cursor, 4)
+    with pytest.raises(E.InvalidInput):
+        store.page_head_moves(pid, newest_first="yes")  # type: ignore[arg-type]
 
     turn = store.start_turn(pid, "many tools")
     for i in range(7):

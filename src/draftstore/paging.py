@@ -5,7 +5,8 @@ an id), tagged with the list it belongs to and base64url-encoded: opaque to
 callers, stable under concurrent inserts (keyset paging: an item added
 meanwhile is never skipped or repeated), and refused (``input.invalid``) on
 any other list or when malformed. A page never holds more than ``MAX_LIMIT``
-items.
+items. Lists keyed by a number (versions, turns, head moves) also page newest
+first (``numbered``); a cursor of one order is refused by the other.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import sqlalchemy as sa
 from . import errors as E
 from .records import Page
 
-__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page", "by_creation"]
+__all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page", "by_creation", "numbered"]
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
@@ -91,3 +92,16 @@ def by_creation(table: sa.Table, kind: str, cursor: Any, n: int) -> sa.Select:
         stmt = stmt.where(sa.tuple_(table.c.created_at, table.c.id) > sa.tuple_(
             sa.bindparam("c", key[0], type_=table.c.created_at.type), sa.bindparam("i", key[1])))
     return stmt
+
+
+def numbered(kind: str, column: Any, cursor: Any, newest_first: bool = False) -> tuple[str, Any, Any]:
+    """Keyset paging over the integer ``column``: (the cursor kind of this order, the
+    condition for the rows after the cursor's item, the ORDER BY clause). Oldest first
+    by default; ``newest_first`` reverses it (with cursors of its own)."""
+    if not isinstance(newest_first, bool):
+        raise E.InvalidInput("newest_first is true or false", field="newest_first")
+    kind = f"{kind}.newest" if newest_first else kind
+    key = decode(kind, cursor, (int,))
+    if newest_first:
+        return kind, (column < key[0]) if key else sa.true(), column.desc()
+    return kind, column > (key[0] if key else 0), column

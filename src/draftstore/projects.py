@@ -235,21 +235,24 @@ class Projects:
             rows = conn.execute(paging.by_creation(P, "projects", cursor, n)).all()
         return paging.page("projects", rows, n, lambda r: (aware(r.created_at), r.id), project_record)
 
-    def versions_page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Version]:
-        return self._numbered_page("versions", V, V.c.number, version_record, project_id, cursor, limit)
+    def versions_page(self, project_id: str, cursor: str | None, limit: int | None,
+                      newest_first: bool = False) -> Page[Version]:
+        return self._numbered_page("versions", V, V.c.number, version_record, project_id, cursor, limit, newest_first)
 
-    def head_moves_page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[HeadMove]:
-        return self._numbered_page("head_moves", H, H.c.id, _head_move_record, project_id, cursor, limit)
+    def head_moves_page(self, project_id: str, cursor: str | None, limit: int | None,
+                        newest_first: bool = False) -> Page[HeadMove]:
+        return self._numbered_page("head_moves", H, H.c.id, _head_move_record, project_id, cursor, limit,
+                                   newest_first)
 
     def _numbered_page(self, kind: str, table: sa.Table, order: Any, record: Callable[[Any], Any], project_id: str,
-                       cursor: str | None, limit: int | None) -> Page[Any]:
+                       cursor: str | None, limit: int | None, newest_first: bool) -> Page[Any]:
         """A page of a project's rows of ``table`` in the order of the integer column ``order``."""
         n = paging.limit(limit)
-        key = paging.decode(kind, cursor, (int,))
+        kind, after, order_by = paging.numbered(kind, order, cursor, newest_first)
         with self.b.tx(read_only=True) as conn:
             self.load(conn, project_id)
-            rows = conn.execute(sa.select(table).where(table.c.project_id == project_id, order > (key[0] if key else 0))
-                                .order_by(order).limit(n + 1)).all()
+            rows = conn.execute(sa.select(table).where(table.c.project_id == project_id, after)
+                                .order_by(order_by).limit(n + 1)).all()
         return paging.page(kind, rows, n, lambda r: (getattr(r, order.name),), record)
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:

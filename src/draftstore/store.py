@@ -291,15 +291,19 @@ class Store:
     def page_projects(self, cursor: str | None = None, limit: int | None = None) -> Page[Project]:
         return self._projects.page(cursor, limit)
 
-    def page_versions(self, project_id: str, cursor: str | None = None, limit: int | None = None) -> Page[Version]:
-        return self._projects.versions_page(project_id, cursor, limit)
+    # Versions, head moves and turns page oldest first, or newest first with ``newest_first=True``
+    # (a cursor of one order is ``input.invalid`` in the other).
+    def page_versions(self, project_id: str, cursor: str | None = None, limit: int | None = None, *,
+                      newest_first: bool = False) -> Page[Version]:
+        return self._projects.versions_page(project_id, cursor, limit, newest_first)
 
-    def page_head_moves(self, project_id: str, cursor: str | None = None,
-                        limit: int | None = None) -> Page[HeadMove]:
-        return self._projects.head_moves_page(project_id, cursor, limit)
+    def page_head_moves(self, project_id: str, cursor: str | None = None, limit: int | None = None, *,
+                        newest_first: bool = False) -> Page[HeadMove]:
+        return self._projects.head_moves_page(project_id, cursor, limit, newest_first)
 
-    def page_turns(self, project_id: str, cursor: str | None = None, limit: int | None = None) -> Page[Turn]:
-        return self._turns.page(project_id, cursor, limit)
+    def page_turns(self, project_id: str, cursor: str | None = None, limit: int | None = None, *,
+                   newest_first: bool = False) -> Page[Turn]:
+        return self._turns.page(project_id, cursor, limit, newest_first)
 
     def page_tool_calls(self, turn_id: str, cursor: str | None = None, limit: int | None = None) -> Page[ToolCall]:
         return self._toolcalls.page(turn_id, cursor, limit)

@@ -250,15 +250,14 @@ class Turns:
                                 .order_by(T.c.number)).all()
         return [turn_record(r) for r in rows]
 
-    def page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Turn]:
+    def page(self, project_id: str, cursor: str | None, limit: int | None, newest_first: bool = False) -> Page[Turn]:
         n = paging.limit(limit)
-        key = paging.decode("turns", cursor, (int,))
+        kind, after, order_by = paging.numbered("turns", T.c.number, cursor, newest_first)
         with self.b.tx(read_only=True) as conn:
             self.projects.load(conn, project_id)
-            rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id,
-                                                           T.c.number > (key[0] if key else 0))
-                                .order_by(T.c.number).limit(n + 1)).all()
-        return paging.page("turns", rows, n, lambda r: (r.number,), turn_record)
+            rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id, after)
+                                .order_by(order_by).limit(n + 1)).all()
+        return paging.page(kind, rows, n, lambda r: (r.number,), turn_record)
 
     def summary(self, turn_id: str) -> Turn:
         """A turn without its tool calls (see ``ToolCalls.page`` for them)."""

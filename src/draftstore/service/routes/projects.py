@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
@@ -19,6 +19,8 @@ router = APIRouter(prefix="/v1", tags=["projects"])
 
 Cursor = Annotated[str | None, Query(description="from the previous page's next_cursor")]
 Limit = Annotated[int | None, Query(ge=1, le=200)]
+Order = Annotated[Literal["oldest", "newest"], Query(description="oldest first (the default) or newest first; "
+                                                                 "a cursor belongs to the order it came from")]
 
 
 def _unscoped(principal: Principal, doing: str) -> None:
@@ -64,9 +66,9 @@ def get_draft(project_id: str, store: StoreDep, principal: Principal = Allow(*AG
 
 @router.get("/projects/{project_id}/versions", response_model=Page[Version], response_class=JSON)
 def list_versions(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
-                  principal: Principal = Allow(*ANY)) -> JSON:
+                  order: Order = "oldest", principal: Principal = Allow(*ANY)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.page_versions(project_id, cursor, limit))
+    return JSON(store.page_versions(project_id, cursor, limit, newest_first=order == "newest"))
 
 
 @router.get("/projects/{project_id}/versions/{version_id}", response_model=Version, response_class=JSON)
@@ -77,9 +79,9 @@ def get_version(project_id: str, version_id: str, store: StoreDep, principal: Pr
 
 @router.get("/projects/{project_id}/head-moves", response_model=Page[HeadMove], response_class=JSON)
 def list_head_moves(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
-                    principal: Principal = Allow(*ANY)) -> JSON:
+                    order: Order = "oldest", principal: Principal = Allow(*ANY)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.page_head_moves(project_id, cursor, limit))
+    return JSON(store.page_head_moves(project_id, cursor, limit, newest_first=order == "newest"))
 
 
 @router.get("/projects/{project_id}/diff", response_model=Diff, response_class=JSON)

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 from starlette.responses import Response
 
@@ -16,10 +16,10 @@ from ..responses import JSON
 from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
                        ToolFail, ToolStart, decode_files)
 
+from .projects import Cursor, Limit, Order
+
 router = APIRouter(prefix="/v1", tags=["turns"])
 
-Cursor = Annotated[str | None, Query(description="from the previous page's next_cursor")]
-Limit = Annotated[int | None, Query(ge=1, le=200)]
 NoContent = Response(status_code=204)
 
 
@@ -142,9 +142,9 @@ def start_turn(project_id: str, body: StartTurn, store: StoreDep, principal: Pri
 
 @router.get("/projects/{project_id}/turns", response_model=Page[Turn], response_class=JSON)
 def list_turns(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
-               principal: Principal = Allow(*AGENT)) -> JSON:
+               order: Order = "oldest", principal: Principal = Allow(*AGENT)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.page_turns(project_id, cursor, limit))
+    return JSON(store.page_turns(project_id, cursor, limit, newest_first=order == "newest"))
 
 
 @router.get("/turns/{turn_id}", response_class=JSON)

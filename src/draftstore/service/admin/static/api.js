@@ -65,25 +65,22 @@ export const get = (path, opts) => api("GET", path, undefined, opts);
 export const post = (path, body, opts) => api("POST", path, body === undefined ? {} : body, opts);
 
 /**
- * The newest ``keep`` items of a list the API pages oldest first (it has no
- * "newest first" order): every page is read, only the last ``keep`` items are
- * held. ``total`` counts them all; ``dropped`` how many older ones are not kept.
+ * The newest ``keep`` items of a paged list, oldest first: the API pages it
+ * newest first (``order=newest``), so only the pages holding them are read.
+ * ``more``: older items exist that are not kept.
  */
 export async function newestPages(path, {keep = 2000, limit = 200, signal} = {}) {
-  let items = [];
-  let total = 0;
+  const items = [];
   let cursor = null;
   const sep = path.includes("?") ? "&" : "?";
   do {
-    const url = `${path}${sep}limit=${limit}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : "");
+    const size = Math.min(limit, keep - items.length);
+    const url = `${path}${sep}order=newest&limit=${size}` + (cursor ? `&cursor=${encodeURIComponent(cursor)}` : "");
     const page = await get(url, {signal});
     items.push(...page.items);
-    total += page.items.length;
-    if (items.length > 2 * keep) items = items.slice(-keep); // bounded memory, amortised copying
     cursor = page.next_cursor;
-  } while (cursor);
-  if (items.length > keep) items = items.slice(-keep);
-  return {items, total, dropped: total - items.length};
+  } while (cursor && items.length < keep);
+  return {items: items.reverse(), more: Boolean(cursor)};
 }
 
 export const enc = encodeURIComponent;

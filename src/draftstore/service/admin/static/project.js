@@ -8,17 +8,16 @@ import {enc, follow, get, newestPages, post} from "./api.js";
 import {actorOf, attempt, busy, confirmAction, errorBox} from "./ui.js";
 
 /**
- * How many of each list the page shows: the newest ones (the API lists oldest
- * first, so every page is read and only the newest kept). ``page`` is the
- * page size asked for. A module object, so a test can lower it.
+ * How many of each list the page shows: the newest ones (read newest first,
+ * only the pages that hold them). ``page`` is the page size asked for. A
+ * module object, so a test can lower it.
  */
 export const LIMITS = {versions: 5000, moves: 2000, turns: 1000, page: 200};
 
-/** "showing the newest N of M <what>; older ones are not shown", or null when all are shown. */
+/** "showing the newest N <what>; older ones are not shown", or null when all are shown. */
 function olderNote(id, what, list) {
-  if (!list.dropped) return null;
-  return h("p.muted.older", {id},
-    `Showing the newest ${list.items.length} of ${list.total} ${what}; the ${list.dropped} older ones are not shown.`);
+  if (!list.more) return null;
+  return h("p.muted.older", {id}, `Showing the newest ${list.items.length} ${what}; older ones are not shown.`);
 }
 
 export async function projectPage(main, ctx, projectId) {
