@@ -145,6 +145,22 @@ def test_an_ambiguous_prefix_is_refused_naming_the_candidates(home: Path, monkey
     assert as_json(run(home, "log", a.id[:longer], "--json"))["project"]["id"] == a.id
 
 
+def test_log_last_shows_only_the_newest_of_each_list(home: Path, world: dict[str, Any]) -> None:
+    p = world["project"]
+    one = as_json(run(home, "log", p, "-n", "1", "--json"))
+    assert [v["id"] for v in one["versions"]] == [world["v2"]]
+    assert [m["reason"] for m in one["head_moves"]] == ["publish"]
+    assert [t["id"] for t in one["turns"]] == [world["t3"]]
+    two = as_json(run(home, "log", p, "--last", "2", "--json"))
+    assert [t["id"] for t in two["turns"]] == [world["t2"], world["t3"]]  # oldest first, as in the full log
+    assert [v["id"] for v in two["versions"]] == [world["v1"], world["v2"]]
+    text = ok(run(home, "log", p, "-n", "1", cols=400))
+    assert world["t3"] in text and world["t1"] not in text and world["t2"] not in text
+    for bad in ("0", "-1", "many"):
+        refused = run(home, "log", p, "-n", bad)
+        assert refused.returncode == 2 and "Traceback" not in refused.stderr and "--last" in refused.stderr, bad
+
+
 # ------------------------------------------------------------------------------------- --json
 def test_every_read_command_speaks_json(home: Path, world: dict[str, Any]) -> None:
     p, v1, t1 = world["project"], world["v1"], world["t1"]

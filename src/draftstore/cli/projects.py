@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import click
 
+from ..paging import MAX_LIMIT
+from ..records import Page
 from .output import clip, echo, emit_json, message_text, table, took, when
 from .root import Ids, actor, json_option, main, open_store
 
@@ -21,16 +26,37 @@ def projects(as_json: bool) -> None:
           [(p.id, clip(p.name, 40), p.current_version_id, p.active_draft_id) for p in items])
 
 
+def _newest(page: Callable[[str | None, int], Page[Any]], n: int) -> list[Any]:
+    """The newest ``n`` items of a list paged newest first, oldest first: only the pages needed."""
+    items: list[Any] = []
+    cursor = None
+    while len(items) < n:
+        got = page(cursor, min(MAX_LIMIT, n - len(items)))
+        items += got.items
+        cursor = got.next_cursor
+        if cursor is None:
+            break
+    return items[::-1]
+
+
 @main.command("log")
 @click.argument("project")
+@click.option("--last", "-n", type=click.IntRange(min=1), default=None,
+              help="only the newest N versions, head moves and turns (each read newest first, a page at a time)")
 @json_option
-def log_cmd(project: str, as_json: bool) -> None:
-    """Versions, head moves and turns of a project."""
+def log_cmd(project: str, last: int | None, as_json: bool) -> None:
+    """Versions, head moves and turns of a project, oldest first."""
     with open_store() as store:
         project_id = Ids(store).project(project)
         p = store.get_project(project_id)
-        versions, moves, turns = (store.list_versions(project_id), store.head_moves(project_id),
-                                  store.list_turns(project_id))
+        if last is None:
+            versions, moves, turns = (store.list_versions(project_id), store.head_moves(project_id),
+                                      store.list_turns(project_id))
+        else:
+            versions, moves, turns = (
+                _newest(lambda c, n: store.page_versions(project_id, c, n, newest_first=True), last),
+                _newest(lambda c, n: store.page_head_moves(project_id, c, n, newest_first=True), last),
+                _newest(lambda c, n: store.page_turns(project_id, c, n, newest_first=True), last))
     if as_json:
         emit_json({"project": p, "versions": versions, "head_moves": moves, "turns": turns})
         return
