@@ -8,7 +8,7 @@ in the same transaction that moves it.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from types import SimpleNamespace
 from typing import Any
@@ -237,21 +237,23 @@ class Projects:
 
     def versions_page(self, project_id: str, cursor: str | None, limit: int | None,
                       newest_first: bool = False) -> Page[Version]:
-        return self._numbered_page("versions", V, V.c.number, version_record, project_id, cursor, limit, newest_first)
+        return self.numbered_page("versions", V, V.c.number, version_record, project_id, cursor, limit, newest_first)
 
     def head_moves_page(self, project_id: str, cursor: str | None, limit: int | None,
                         newest_first: bool = False) -> Page[HeadMove]:
-        return self._numbered_page("head_moves", H, H.c.id, _head_move_record, project_id, cursor, limit,
-                                   newest_first)
+        return self.numbered_page("head_moves", H, H.c.id, _head_move_record, project_id, cursor, limit,
+                                  newest_first)
 
-    def _numbered_page(self, kind: str, table: sa.Table, order: Any, record: Callable[[Any], Any], project_id: str,
-                       cursor: str | None, limit: int | None, newest_first: bool) -> Page[Any]:
-        """A page of a project's rows of ``table`` in the order of the integer column ``order``."""
+    def numbered_page(self, kind: str, table: sa.Table, order: Any, record: Callable[[Any], Any], project_id: str,
+                      cursor: str | None, limit: int | None, newest_first: bool,
+                      columns: Sequence[Any] | None = None) -> Page[Any]:
+        """A page of a project's rows of ``table`` (``columns`` of them, default all) in the
+        order of the integer column ``order``; ``project.not_found`` if there is no such project."""
         n = paging.limit(limit)
         kind, after, order_by = paging.numbered(kind, order, cursor, newest_first)
         with self.b.tx(read_only=True) as conn:
             self.load(conn, project_id)
-            rows = conn.execute(sa.select(table).where(table.c.project_id == project_id, after)
+            rows = conn.execute(sa.select(*(columns or [table])).where(table.c.project_id == project_id, after)
                                 .order_by(order_by).limit(n + 1)).all()
         return paging.page(kind, rows, n, lambda r: (getattr(r, order.name),), record)
 

@@ -232,7 +232,8 @@ class Token:
 
 @dataclass(frozen=True)
 class Page(Generic[T]):
-    """One page of a list, oldest first; ``next_cursor`` fetches the next page (None: the last one)."""
+    """One page of a list (oldest first unless asked newest first); ``next_cursor`` fetches the
+    next page (None: the last one)."""
 
     items: list[T]
     next_cursor: str | None

@@ -27,7 +27,6 @@ from sqlalchemy.engine import Connection
 
 from . import errors as E
 from . import faults
-from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import D, T, utcnow
@@ -251,13 +250,8 @@ class Turns:
         return [turn_record(r) for r in rows]
 
     def page(self, project_id: str, cursor: str | None, limit: int | None, newest_first: bool = False) -> Page[Turn]:
-        n = paging.limit(limit)
-        kind, after, order_by = paging.numbered("turns", T.c.number, cursor, newest_first)
-        with self.b.tx(read_only=True) as conn:
-            self.projects.load(conn, project_id)
-            rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id, after)
-                                .order_by(order_by).limit(n + 1)).all()
-        return paging.page(kind, rows, n, lambda r: (r.number,), turn_record)
+        return self.projects.numbered_page("turns", T, T.c.number, turn_record, project_id, cursor, limit, newest_first,
+                                           columns=_SUMMARY)
 
     def summary(self, turn_id: str) -> Turn:
         """A turn without its tool calls (see ``ToolCalls.page`` for them)."""

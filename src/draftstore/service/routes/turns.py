@@ -15,7 +15,6 @@ from ..auth import AGENT, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON
 from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
                        ToolFail, ToolStart, decode_files)
-
 from .projects import Cursor, Limit, Order
 
 router = APIRouter(prefix="/v1", tags=["turns"])
