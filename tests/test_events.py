@@ -133,3 +133,55 @@ def test_append_now_lands_after_everything_queued_before_it_without_waiting_out_
         assert events[-1].id == new_id
     finally:
         publisher.close()
+
+
+class _GatedAppends:
+    """A coordinator whose batched appends (the publisher thread's) wait for ``gate``."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def append_many(self, events: Any) -> Any:
+        self.entered.set()
+        assert self.gate.wait(10)
+        return self.inner.append_many(events)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_append_now_waits_for_a_batch_the_publisher_has_taken_but_not_yet_appended(coordinator: Any) -> None:
+    # the case a queue-is-empty test would get wrong: the publisher thread took the
+    # tool call's event off the queue and is appending it; append_now must land after it
+    gated = _GatedAppends(coordinator)
+    publisher = EventPublisher(gated, linger_s=0.0)
+    try:
+        publisher.emit("turn:t6", "tool.started", {"seq": 1})
+        assert gated.entered.wait(10)  # in flight: off the queue, not in the buffer
+        landed: list[int] = []
+        th = threading.Thread(target=lambda: landed.append(
+            publisher.append_now("turn:t6", "assistant.delta", {"text": "after"})))
+        th.start()
+        time.sleep(0.2)
+        assert landed == [] and coordinator.read("turn:t6") == []  # still waiting behind the batch
+        gated.gate.set()
+        th.join(10)
+        assert [e.type for e in coordinator.read("turn:t6")] == ["tool.started", "assistant.delta"]
+        assert landed == [coordinator.read("turn:t6")[-1].id]
+        # everything settled: the next append_now goes straight to the coordinator,
+        # without a flush reaching the publisher thread
+        flushes = []
+        real_flush = publisher.flush
+        publisher.flush = lambda timeout=10.0: flushes.append(1) or real_flush(timeout)  # type: ignore[method-assign]
+        publisher.append_now("turn:t6", "assistant.delta", {"text": "direct"})
+        assert flushes == []
+        assert [e.data.get("text") for e in coordinator.read("turn:t6")][-1] == "direct"
+        publisher.emit("turn:t6", "tool.completed", {"seq": 1})
+        publisher.append_now("turn:t6", "assistant.delta", {"text": "last"})
+        assert flushes == [1]  # something queued before it: ordered through the publisher
+        assert [e.type for e in coordinator.read("turn:t6")][-2:] == ["tool.completed", "assistant.delta"]
+    finally:
+        gated.gate.set()
+        publisher.close()

@@ -103,6 +103,10 @@ class EventPublisher:
         self._flushes_lock = threading.Lock()
         self.max_batch = max_batch
         self._queue: queue.Queue[Any] = queue.Queue(maxsize=max_pending)
+        # events and expiries queued and not yet settled (appended, or given up on): while
+        # none is, ``append_now`` need not hand off to the publisher thread to keep order
+        self._unsettled = 0
+        self._unsettled_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.dropped = 0
@@ -117,9 +121,11 @@ class EventPublisher:
 
     def emit(self, stream: str, type: str, data: dict[str, Any]) -> None:
         self._ensure_thread()
+        self._settle(-1)
         try:
             self._queue.put_nowait((stream, type, data))
         except queue.Full:
+            self._settle(1)
             self.dropped += 1
             log.warning("event %s on %s dropped: %d events already pending", type, stream, self._queue.qsize())
 
@@ -127,9 +133,11 @@ class EventPublisher:
         """Let ``stream``'s buffer expire ``ttl_s`` from when its queued events are
         appended (queued behind them, so the expiry covers the last event too)."""
         self._ensure_thread()
+        self._settle(-1)
         try:
             self._queue.put_nowait((_EXPIRE, stream, ttl_s))
         except queue.Full:
+            self._settle(1)
             log.warning("expiry of %s dropped: %d events already pending", stream, self._queue.qsize())
 
     def flush(self, timeout: float = 10.0) -> bool:
@@ -154,9 +162,21 @@ class EventPublisher:
         """Append one event now, after every event queued before this call; returns
         its id. Raises the coordinator's error (typed) if it could not be appended:
         for an event that lives nowhere else, so its caller acknowledges it only once
-        it is in the buffer."""
-        self.flush()
+        it is in the buffer.
+
+        When nothing this process queued is still unsettled (the common case between a
+        turn's tool calls), there is nothing to keep order with: the event is appended
+        on the caller's thread at once, without waking the publisher thread."""
+        with self._unsettled_lock:
+            idle = self._unsettled == 0
+        if not idle:
+            self.flush()
         return self.coord.append(stream, type, data)
+
+    def _settle(self, n: int) -> None:
+        """``n`` queued items settled (negative: ``-n`` more queued)."""
+        with self._unsettled_lock:
+            self._unsettled -= n
 
     def close(self) -> None:
         if self._thread is not None:
@@ -198,6 +218,9 @@ class EventPublisher:
                 else:
                     pending.append(e)
             self._append(pending)
+            # only now, after their appends returned: an append_now that finds nothing
+            # unsettled must find these in the buffer already
+            self._settle(sum(1 for e in batch if e is not _STOP and e[0] is not None))
 
     def _append(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
         if not events:
