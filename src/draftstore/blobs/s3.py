@@ -28,6 +28,7 @@ from typing import Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import boto3
+import botocore.session
 from botocore.config import Config
 from botocore.exceptions import (
     BotoCoreError,
@@ -166,7 +167,10 @@ class S3BlobStore(BlobStoreBase):
             s3={"addressing_style": style},
         )
         # A private Session: boto3's default session is not safe to share across threads.
+        # (built on a botocore session of our own, whose configuration is public API)
+        core = botocore.session.Session()
         session = boto3.session.Session(
+            botocore_session=core,
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token,
@@ -183,7 +187,7 @@ class S3BlobStore(BlobStoreBase):
         credentials = session.get_credentials() if lean else None
         if credentials is not None:
             # the CA bundle botocore verifies with (AWS_CA_BUNDLE, or ca_bundle in the AWS config file)
-            ca_bundle = session._session.get_config_variable("ca_bundle")
+            ca_bundle = core.get_config_variable("ca_bundle")
             self._reader = LeanReader(endpoint_url or "", bucket, credentials,
                                       self._client.meta.region_name or "us-east-1",
                                       connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
