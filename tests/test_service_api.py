@@ -305,6 +305,24 @@ def test_cancel_ends_a_turn_interrupted_not_failed(service: Service) -> None:
     assert [t["status"] for t in ok(c.get(f"/v1/projects/{pid}/turns"))["items"]] == ["interrupted", "failed"]
 
 
+def test_lists_and_turn_ends_leave_the_tool_history_out_rather_than_show_it_empty(service: Service) -> None:
+    c = service.client()
+    pid = new_project(c)["id"]
+    turns = []
+    for end in ("complete", "interrupt", "fail", "cancel"):
+        t = created(c.post(f"/v1/projects/{pid}/turns", json={"user_message": end, "continue": bool(turns)}))
+        seq = created(c.post(f"/v1/turns/{t['id']}/tool-calls", json={"tool_name": "view_file", "args": {}}))["seq"]
+        ok(c.post(f"/v1/turns/{t['id']}/tool-calls/{seq}/complete", json={"result": "x"}), 204)
+        body = {"complete": {"assistant_message": "done"}, "fail": {"error": "boom"}}.get(end)
+        ended = ok(c.post(f"/v1/turns/{t['id']}/{end}", json=body))
+        assert "tool_calls" not in ended and ended["id"] == t["id"], ended  # not an empty list: it had one
+        turns.append(t["id"])
+    listed = ok(c.get(f"/v1/projects/{pid}/turns"))["items"]
+    assert [t["id"] for t in listed] == turns and not any("tool_calls" in t for t in listed)
+    for turn_id in turns:  # the one place with the history, paged
+        assert [x["tool_name"] for x in ok(c.get(f"/v1/turns/{turn_id}"))["tool_calls"]] == ["view_file"]
+
+
 # -- paging ---------------------------------------------------------------------------------------
 def test_every_list_pages_without_gaps_or_repeats(service: Service) -> None:
     c, store = service.client(), service.store

@@ -457,3 +457,37 @@ def test_a_project_scoped_admin_cannot_create_or_fork_projects(service: Service)
     r = scoped.post(f"/v1/projects/{world.project_id}/fork", json={"name": names[1]})
     assert (r.status_code, r.json()["code"]) == (403, "auth.forbidden")
     assert not [p for p in service.store.list_projects() if p.name in names]
+
+
+def test_a_request_that_names_no_actor_is_recorded_as_its_token(service: Service) -> None:
+    # the audit trail says who: the token's name (else token:<id>), unless the body names an actor
+    _, named = service.store.tokens.create("admin", name="ops-console")
+    agent_secret = service.token("agent")  # no name
+    admin, agent = service.client(token=named), service.client(token=agent_secret)
+    r = admin.post("/v1/projects", json={"name": "audited", "files": {"a.py": "eA=="}})
+    assert r.status_code == 201, r.text
+    pid = r.json()["id"]
+    v1 = service.store.list_versions(pid)[0]
+    assert v1.created_by == "ops-console"
+    r = agent.post(f"/v1/projects/{pid}/turns", json={"user_message": "go"})
+    assert r.status_code == 201, r.text
+    turn_id = r.json()["id"]
+    assert r.json()["actor"] == f"token:{agent_secret.split('_')[1]}"
+    seq = agent.post(f"/v1/turns/{turn_id}/tool-calls",
+                     json={"tool_name": "delete_file", "args": {}, "needs_approval": True}).json()["seq"]
+    r = admin.post(f"/v1/turns/{turn_id}/tool-calls/{seq}/approval", json={"approved": False, "reason": "no"})
+    assert r.status_code == 200, r.text
+    assert r.json()["approval"]["by"] == "ops-console"
+    assert agent.post(f"/v1/turns/{turn_id}/complete", json={"assistant_message": "ok"}).status_code == 200
+    r = admin.post(f"/v1/projects/{pid}/publish", json={"summary": "v2"})
+    assert r.status_code == 201 and r.json()["created_by"] == "ops-console", r.text
+    r = admin.post(f"/v1/projects/{pid}/rollback", json={"version_id": v1.id, "actor": "alice"})
+    assert r.status_code == 200, r.text
+    moves = service.store.head_moves(pid)
+    assert [m.actor for m in moves] == ["ops-console", "ops-console", "alice"]  # create, publish, rollback
+    agent.post(f"/v1/projects/{pid}/turns", json={"user_message": "again"})
+    r = admin.post(f"/v1/projects/{pid}/discard")
+    assert r.status_code == 200 and r.json()["closed_by"] == "ops-console", r.text
+    r = admin.post(f"/v1/projects/{pid}/fork", json={"name": "audited copy"})
+    assert r.status_code == 201, r.text
+    assert service.store.list_versions(r.json()["id"])[0].created_by == "ops-console"

@@ -276,7 +276,8 @@ def _prepare(dest: Path, replace: bool) -> None:
     dest.mkdir(parents=True, exist_ok=True)
     entries = list(dest.iterdir())
     if entries and not replace:
-        raise E.PathConflict(f"{dest} is not empty (materialize with replace=True to clear it)", dest=str(dest))
+        raise E.PathConflict(f"{dest} is not empty; nothing was written (replace=True, --replace in the "
+                             "CLI, clears it first)", dest=str(dest))
     for entry in entries:  # links are removed, never followed
         if entry.is_dir() and not entry.is_symlink():
             shutil.rmtree(entry)

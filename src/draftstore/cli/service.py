@@ -78,11 +78,12 @@ def token_list(as_json: bool) -> None:
 @token.command("revoke")
 @click.argument("token_id")
 def token_revoke(token_id: str) -> None:
-    """Revoke a token (the service stops accepting it within seconds)."""
+    """Revoke a token (running services stop accepting it within 5 seconds)."""
     with open_store() as store:
         full = Ids(store).token(token_id)
         store.tokens.revoke(full)
     echo(f"revoked {full}")
+    warn("running services stop accepting it within 5 seconds")
 
 
 @main.command("mcp")

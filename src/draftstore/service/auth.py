@@ -41,6 +41,15 @@ class Principal:
     role: Role
     project_id: str | None  # None: every project
     token_id: str | None  # None: open mode
+    token_name: str = ""
+
+    @property
+    def actor(self) -> str | None:
+        """Who this caller is in the records (head moves, versions, turns, approvals) when a
+        request names no ``actor``: the token's name, else ``token:<id>``; None in open mode."""
+        if self.token_id is None:
+            return None
+        return self.token_name or f"token:{self.token_id}"
 
     def may_see(self, project_id: str) -> bool:
         return self.project_id is None or self.project_id == project_id
@@ -106,7 +115,7 @@ class Authenticator:
         if hit is None or now - hit[0] > AUTH_CACHE_S:
             try:
                 token = self.store.tokens.authenticate(secret.strip())
-                result: Principal | E.DraftstoreError = Principal(token.role, token.project_id, token.id)
+                result: Principal | E.DraftstoreError = Principal(token.role, token.project_id, token.id, token.name)
             except E.AuthInvalid as exc:
                 result = exc
             with self._lock:

@@ -39,7 +39,7 @@ def create_project(body: CreateProject, store: StoreDep, principal: Principal = 
     _unscoped(principal, "create projects")
     files = decode_files(body.files, "files") if body.files is not None else None
     project = store.create_project(body.name, files, body.characters, body.world_settings,  # type: ignore[arg-type]
-                                   actor=body.actor)
+                                   actor=body.actor or principal.actor)
     return JSON(project, status_code=201)
 
 
@@ -97,20 +97,20 @@ def diff(project_id: str, a: str, b: str, store: StoreDep, text: bool = True,
 @router.post("/projects/{project_id}/publish", status_code=201, response_model=Version, response_class=JSON)
 def publish(project_id: str, body: Publish, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.publish(project_id, body.summary, force=body.force, actor=body.actor), status_code=201)
+    return JSON(store.publish(project_id, body.summary, force=body.force, actor=body.actor or principal.actor), status_code=201)
 
 
 @router.post("/projects/{project_id}/discard", response_model=Draft, response_class=JSON)
 def discard(project_id: str, store: StoreDep, body: Actor | None = None,
             principal: Principal = Allow(*ADMIN)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.discard_draft(project_id, actor=body.actor if body else None))
+    return JSON(store.discard_draft(project_id, actor=(body.actor if body else None) or principal.actor))
 
 
 @router.post("/projects/{project_id}/rollback", response_model=Project, response_class=JSON)
 def rollback(project_id: str, body: Rollback, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.rollback_to(project_id, body.version_id, actor=body.actor))
+    return JSON(store.rollback_to(project_id, body.version_id, actor=body.actor or principal.actor))
 
 
 @router.post("/projects/{project_id}/fork", status_code=201, response_model=Project, response_class=JSON)
@@ -119,4 +119,4 @@ def fork(project_id: str, body: Fork, store: StoreDep, principal: Principal = Al
     _unscoped(principal, "fork into a new project")
     version_id = body.version_id or store.resolve(f"head:{project_id}").version_id or ""
     store.get_version(version_id, project_id=project_id)  # this project's version, or version.not_found
-    return JSON(store.fork_project(version_id, body.name, actor=body.actor), status_code=201)
+    return JSON(store.fork_project(version_id, body.name, actor=body.actor or principal.actor), status_code=201)

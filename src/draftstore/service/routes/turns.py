@@ -58,7 +58,7 @@ def approval(turn_id: str, seq: int, body: Approval, request: Request, store: St
              principal: Principal = Allow(*AGENT)) -> JSON:
     """Approve (the call becomes ``started``) or deny (``denied``; not a turn failure)."""
     _scoped(request, principal, store, turn_id)
-    return JSON(store.decide_tool_call(turn_id, seq, body.approved, body.reason, actor=body.actor))
+    return JSON(store.decide_tool_call(turn_id, seq, body.approved, body.reason, actor=body.actor or principal.actor))
 
 
 # -- draft writes ---------------------------------------------------------------------------
@@ -136,14 +136,16 @@ def start_turn(project_id: str, body: StartTurn, store: StoreDep, principal: Pri
     continues on the existing draft (``draft.none`` if there is none)."""
     project_scope(principal, project_id)
     begin = store.continue_turn if body.continue_ else store.start_turn
-    return JSON(begin(project_id, body.user_message, actor=body.actor), status_code=201)
+    return JSON(begin(project_id, body.user_message, actor=body.actor or principal.actor), status_code=201)
 
 
 @router.get("/projects/{project_id}/turns", response_model=Page[Turn], response_class=JSON)
 def list_turns(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
                order: Order = "oldest", principal: Principal = Allow(*AGENT)) -> JSON:
+    """The project's turns, without their tool calls (``GET /turns/{turn_id}`` pages those)."""
     project_scope(principal, project_id)
-    return JSON(store.page_turns(project_id, cursor, limit, newest_first=order == "newest"))
+    page = store.page_turns(project_id, cursor, limit, newest_first=order == "newest")
+    return JSON(Page([_summary(t) for t in page.items], page.next_cursor))
 
 
 @router.get("/turns/{turn_id}", response_class=JSON)
@@ -165,8 +167,15 @@ def list_tool_calls(turn_id: str, request: Request, store: StoreDep, cursor: Cur
     return JSON(store.page_tool_calls(turn_id, cursor, limit))
 
 
+def _summary(turn: Turn) -> dict[str, Any]:
+    """The turn's record without ``tool_calls``: a list of a turn has no room for every
+    turn's history, and an empty list there would read as "no tool calls"."""
+    return {f.name: getattr(turn, f.name) for f in dataclasses.fields(turn) if f.name != "tool_calls"}
+
+
 def _ended(turn: Turn) -> JSON:
-    return JSON(dataclasses.replace(turn, tool_calls=()))
+    # a turn's end answers its record without the history (unbounded); GET /turns/{turn_id} pages it
+    return JSON(_summary(turn))
 
 
 @router.post("/turns/{turn_id}/complete", response_model=Turn, response_class=JSON)
