@@ -844,7 +844,7 @@ def test_cli_gc_is_a_dry_run_unless_applied_and_manages_retention_and_pruning(tm
 
     dry = _cli(home, "gc", DRAFTSTORE_GC_GRACE_S="0")
     assert dry.returncode == 0, dry.stderr
-    m = re.search(r"would delete (\d+) objects \(([\d,]+) bytes\) of (\d+) stored; (\d+) reachable", dry.stdout)
+    m = re.search(r"would delete (\d+) objects \(([\d,]+) bytes\) of (\d+) stored; (\d+) unreachable", dry.stdout)
     assert m, dry.stdout
     assert (int(m[1]), int(m[2].replace(",", "")), int(m[3])) == (
         len(garbage), sum(before[d] for d in garbage), len(before))

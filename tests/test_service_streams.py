@@ -676,12 +676,13 @@ def test_an_idle_stream_gets_keep_alive_comments(service_factory):
     assert re.search(rb"(^|\r\n): [^\r\n]*\r\n\r\n", bytes(es.raw))  # a comment line on the wire
 
 
-def test_a_keep_alive_interval_that_is_not_a_positive_number_stops_the_service_at_start():
+def test_a_keep_alive_interval_that_is_not_a_positive_number_stops_the_service_at_start(tmp_path):
     for bad in ("abc", "0", "-1", "nan"):
-        env = {**os.environ, "DRAFTSTORE_SSE_KEEPALIVE_S": bad}
-        proc = subprocess.run([sys.executable, "-c", "import draftstore.service.routes.streams"], env=env,
-                              capture_output=True, text=True, timeout=60)
-        assert proc.returncode != 0 and "DRAFTSTORE_SSE_KEEPALIVE_S" in proc.stderr, bad
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSTORE_")}
+        env.update(DRAFTSTORE_SSE_KEEPALIVE_S=bad, DRAFTSTORE_HOME=str(tmp_path / "home"))
+        proc = subprocess.run([sys.executable, "-m", "draftstore.cli", "serve", "--port", str(free_port())],
+                              env=env, capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert proc.returncode == 4 and "DRAFTSTORE_SSE_KEEPALIVE_S" in proc.stderr, (bad, proc.stderr)
 
 
 # == a lost buffer ================================================================================

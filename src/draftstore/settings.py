@@ -28,30 +28,30 @@ class Limits(BaseSettings):
     changes nothing.
     """
 
-    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore", env_parse_none_str="none")
 
-    max_file_bytes: int = Field(16 * 1024 * 1024, description="largest single file")
-    max_files_per_draft: int = Field(250_000, description="files in one project state")
-    max_batch_files: int = Field(10_000, description="paths in one apply_changes batch")
+    max_file_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest single file")
+    max_files_per_draft: int = Field(250_000, gt=0, description="files in one project state")
+    max_batch_files: int = Field(10_000, gt=0, description="paths in one apply_changes batch")
     max_json_state_bytes: int = Field(
-        4 * 1024 * 1024, description="characters or world settings, serialised"
+        4 * 1024 * 1024, gt=0, description="characters or world settings, serialised"
     )
-    max_message_bytes: int = Field(1024 * 1024, description="one user/assistant message")
+    max_message_bytes: int = Field(1024 * 1024, gt=0, description="one user/assistant message")
     inline_payload_bytes: int = Field(
         8 * 1024,
-        description="tool args/results up to this size stay in the row; larger go to the blob store",
+        ge=0, description="tool args/results up to this size stay in the row; larger go to the blob store",
     )
-    max_payload_bytes: int = Field(64 * 1024 * 1024, description="one tool args or result")
-    payload_preview_chars: int = Field(512, description="inline preview of an offloaded payload")
-    max_path_bytes: int = Field(1024, description="one path, UTF-8 encoded")
-    max_path_depth: int = Field(64, description="segments in one path")
-    max_segment_bytes: int = Field(255, description="one path segment, UTF-8 encoded")
+    max_payload_bytes: int = Field(64 * 1024 * 1024, gt=0, description="one tool args or result")
+    payload_preview_chars: int = Field(512, ge=0, description="inline preview of an offloaded payload")
+    max_path_bytes: int = Field(1024, gt=0, description="one path, UTF-8 encoded")
+    max_path_depth: int = Field(64, gt=0, description="segments in one path")
+    max_segment_bytes: int = Field(255, gt=0, description="one path segment, UTF-8 encoded")
 
 
 class Settings(BaseSettings):
     """Where the three stores live, plus tuning knobs."""
 
-    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore")
+    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore", env_parse_none_str="none")
 
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default sqlite:///.draftstore/draftstore.db"
@@ -66,35 +66,47 @@ class Settings(BaseSettings):
     )
     home: Path = Field(DEFAULT_HOME, description="root of the embedded defaults")
     cache_bytes: int = Field(
-        64 * 1024 * 1024, description="in-process cache of immutable objects, in bytes"
+        64 * 1024 * 1024, ge=0, description="in-process cache of immutable objects, in bytes"
     )
     pack_cache_bytes: int = Field(
-        256 * 1024 * 1024, description="in-process cache of decoded packs, in bytes"
+        256 * 1024 * 1024, ge=0, description="in-process cache of decoded packs, in bytes"
     )
     snapshot_on_publish: bool = Field(
         False, description="publish schedules a sandbox snapshot of the new version (built off the publish path)"
     )
     background_interval_s: float = Field(
-        5.0, description="the service packs new versions and builds scheduled snapshots this often (0: never)"
+        5.0, ge=0, allow_inf_nan=False,
+        description="the service packs new versions and open drafts' trees and builds scheduled snapshots this often "
+        "(0: never)"
     )
     gc_grace_s: float = Field(
-        3600.0, description="garbage collection never deletes an object younger than this (in-flight writes)"
+        3600.0, ge=0, allow_inf_nan=False,
+        description="garbage collection never deletes an object younger than this (in-flight writes)"
     )
     retain_turns_days: float | None = Field(
-        None, description="ended turns' boundary states and offloaded payloads are kept this long (None: for ever)"
+        None, ge=0, allow_inf_nan=False,
+        description="ended turns' boundary states and offloaded payloads are kept this long (none: for ever)"
     )
     retain_discarded_days: float | None = Field(
-        30.0, description="a discarded draft's tree is kept this long (None: for ever)"
+        30.0, ge=0, allow_inf_nan=False, description="a discarded draft's tree is kept this long (none: for ever)"
     )
-    lock_timeout_s: float = Field(10.0, description="how long to wait for a coordinator lock")
+    lock_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False,
+    description="how long to wait for a coordinator lock")
     heartbeat_ttl_s: float = Field(
-        60.0, description="a running turn whose heartbeat is older is reaped as interrupted"
+        60.0, gt=0, allow_inf_nan=False,
+        description="a running turn whose heartbeat is older is reaped as interrupted"
     )
     publishing_stuck_s: float = Field(
-        300.0, description="a draft publishing for longer is released by the recovery sweep"
+        300.0, gt=0, allow_inf_nan=False,
+        description="a draft publishing for longer is released by the recovery sweep"
     )
     event_ttl_s: float = Field(
-        3600.0, description="a turn's event buffer is dropped this long after the turn ends"
+        3600.0, gt=0, allow_inf_nan=False,
+        description="a turn's event buffer is dropped this long after the turn ends"
+    )
+    sse_keepalive_s: float = Field(
+        15.0, gt=0, le=3600, allow_inf_nan=False,
+        description="an idle SSE stream gets a keep-alive comment this often"
     )
     limits: Limits = Field(default_factory=Limits)
 

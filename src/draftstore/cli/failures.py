@@ -66,7 +66,7 @@ def fail(code: str, message: str, status: int, hint: str | None = None) -> NoRet
     """Print ``error [code] message (hint)`` as one line on stderr and exit with ``status``."""
     hint = hint if hint is not None else HINTS.get(code)
     line = f"error [{code}] {clip(message, None)}"
-    if hint:
+    if hint and hint not in message:  # a message that already says what to do is not repeated
         line += f" (hint: {hint})"
     click.echo(line, err=True)
     sys.exit(status)

@@ -259,7 +259,7 @@ def diff(a: str, b: str, stat: bool, as_json: bool) -> None:
 @main.command("snapshot")
 @click.argument("project", required=False)
 @click.option("--version", "version", help="a version id (default: head)")
-@click.option("--draft", is_flag=True, help="the draft (it must have no turn writing)")
+@click.option("--draft", is_flag=True, help="the open draft (it must have no turn writing; head if none is open)")
 @click.option("--pending", is_flag=True, help="build the snapshots publish scheduled, pack new versions and drafts' trees")
 @json_option
 def snapshot(project: str | None, version: str | None, draft: bool, pending: bool, as_json: bool) -> None:
@@ -281,6 +281,8 @@ def snapshot(project: str | None, version: str | None, draft: bool, pending: boo
         progress, update = _bar("bundling files")
         with progress:
             snap = store.create_snapshot(project_id, source, progress=update)
+    if draft and snap.source_kind != "draft":  # "the draft" reads through to head when none is open
+        warn(f"no open draft: the snapshot is of head ({snap.source_kind} {snap.source_id})")
     if as_json:
         emit_json(snap)
     else:

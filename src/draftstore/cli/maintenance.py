@@ -57,7 +57,8 @@ def gc(apply: bool, as_json: bool) -> None:
         return
     verb = "deleted" if apply else "would delete"
     echo(f"{verb} {st.objects_swept} objects ({st.bytes_swept:,} bytes) of {st.objects_listed} stored; "
-         f"{st.objects_reachable} reachable, {st.objects_young} unreachable but younger than the grace period")
+         f"{st.objects_young} unreachable but younger than the grace period (kept)")
+    echo(f"  {st.objects_reachable} digests reachable (stored alone or inside packs)")
     echo(f"  {st.packs_dropped} pack rows dropped; {st.turns_pruned} turns past retention")
     echo(f"  took {st.seconds:.1f}s" + ("" if apply else "; dry run: add --apply to delete"))
 

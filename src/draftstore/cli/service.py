@@ -31,7 +31,10 @@ def serve(host: str, port: int, workers: int) -> None:
                  hint="create one first: draftstore token create --role admin")
         warn("warning: no token exists: serving loopback clients only, each as an admin "
              "(create one with: draftstore token create --role admin)")
-    warn(f"serving on http://{host}:{port} (admin page: http://{host}:{port}/admin)")
+    here = {"0.0.0.0": "127.0.0.1", "::": "[::1]", "": "127.0.0.1"}.get(host)  # every address: name one
+    shown = here or (f"[{host}]" if ":" in host else host)
+    warn(f"serving on {'every address, port ' + str(port) if here else f'http://{shown}:{port}'} "
+         f"(admin page: http://{shown}:{port}/admin)")
     uvicorn.run("draftstore.service.app:create_app", factory=True, host=host, port=port, workers=workers,
                 access_log=False, log_level="warning")
 

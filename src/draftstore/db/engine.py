@@ -53,11 +53,14 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
     kwargs.setdefault("json_serializer", dump_json)
     if u.get_backend_name() == "sqlite":
         db = u.database
-        if db and db != ":memory:":
-            try:
-                Path(db).parent.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise BackendUnavailable(f"cannot create {Path(db).parent}: {exc}") from exc
+        if not db or db == ":memory:" or "memory" in str(u.query.get("mode", "")):
+            # every pooled connection would open its own empty database
+            raise ConfigInvalid("an in-memory SQLite database is not supported (each connection would see a "
+                                "different empty database): use sqlite:///PATH", url=str(u))
+        try:
+            Path(db).parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise BackendUnavailable(f"cannot create {Path(db).parent}: {exc}") from exc
         engine = sa.create_engine(
             u,
             connect_args={"check_same_thread": False, "timeout": 30},

@@ -24,7 +24,7 @@ buffer). A stream outlives a coordinator outage: it waits for the
 coordinator, then goes on (or is rebuilt, if the buffer was lost).
 
 Idle streams get a keep-alive comment (a line starting with ``:``) every
-``KEEPALIVE_S`` seconds: 15, or ``DRAFTSTORE_SSE_KEEPALIVE_S``.
+``DRAFTSTORE_SSE_KEEPALIVE_S`` seconds (15; ``Settings.sse_keepalive_s``).
 
 With ``Accept: application/json`` the route returns one page of buffered
 events instead: ids in ``(after, before)``, the oldest ``limit`` of them, or
@@ -36,8 +36,6 @@ before the page / after it.
 from __future__ import annotations
 
 import asyncio
-import math
-import os
 import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
@@ -56,18 +54,6 @@ from ..responses import JSON, dumps
 router = APIRouter(prefix="/v1", tags=["events"])
 
 
-def _keepalive_s() -> float:
-    raw = os.environ.get("DRAFTSTORE_SSE_KEEPALIVE_S", "").strip()
-    try:
-        value = float(raw) if raw else 15.0
-    except ValueError:
-        value = math.nan
-    if not 0 < value <= 3600:
-        raise E.ConfigInvalid("DRAFTSTORE_SSE_KEEPALIVE_S must be a number of seconds in (0, 3600]", value=raw)
-    return value
-
-
-KEEPALIVE_S = _keepalive_s()
 MAX_EVENT_ID = 2**62  # ids count one stream's events: anything above names no event (and fits every backend)
 POLL_S = 0.2
 END_GRACE_S = 1.0
@@ -206,8 +192,8 @@ def _response(request: Request, stream: _Stream, position: tuple[str | None, int
         async for e in stream.events(request):
             yield e
 
-    return EventSourceResponse(gen(), ping=KEEPALIVE_S, headers={"Cache-Control": "no-store",
-                                                                   "X-Accel-Buffering": "no"})
+    ping = request.app.state.store.settings.sse_keepalive_s
+    return EventSourceResponse(gen(), ping=ping, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
 def _page(store: Store, stream: str, after: int | None, before: int | None, limit: int,

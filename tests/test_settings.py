@@ -1,0 +1,57 @@
+"""Settings: every ``DRAFTSTORE_*`` value out of its range is refused at load, naming the variable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from draftstore import Store
+from draftstore.errors import ConfigInvalid
+from draftstore.settings import Settings
+
+
+@pytest.mark.parametrize(("name", "value"), [
+    ("DRAFTSTORE_GC_GRACE_S", "-5"),  # gc would delete objects written a moment ago
+    ("DRAFTSTORE_GC_GRACE_S", "nan"),
+    ("DRAFTSTORE_HEARTBEAT_TTL_S", "0"),  # every running turn would be reaped at once
+    ("DRAFTSTORE_LOCK_TIMEOUT_S", "-1"),
+    ("DRAFTSTORE_EVENT_TTL_S", "inf"),
+    ("DRAFTSTORE_BACKGROUND_INTERVAL_S", "-1"),
+    ("DRAFTSTORE_RETAIN_TURNS_DAYS", "-1"),
+    ("DRAFTSTORE_SSE_KEEPALIVE_S", "0"),
+    ("DRAFTSTORE_SSE_KEEPALIVE_S", "3601"),
+    ("DRAFTSTORE_SSE_KEEPALIVE_S", "abc"),
+    ("DRAFTSTORE_CACHE_BYTES", "-1"),
+    ("DRAFTSTORE_MAX_FILE_BYTES", "0"),
+    ("DRAFTSTORE_MAX_PATH_DEPTH", "-3"),
+])
+def test_a_value_out_of_range_is_refused_naming_the_variable(monkeypatch: pytest.MonkeyPatch, name: str,
+                                                             value: str) -> None:
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigInvalid) as info:
+        Settings.load()
+    assert info.value.code == "config.invalid" and name in str(info.value)
+
+
+def test_at_the_edges_of_their_ranges_values_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name, value in (("DRAFTSTORE_GC_GRACE_S", "0"), ("DRAFTSTORE_BACKGROUND_INTERVAL_S", "0"),
+                        ("DRAFTSTORE_SSE_KEEPALIVE_S", "3600"), ("DRAFTSTORE_CACHE_BYTES", "0"),
+                        ("DRAFTSTORE_INLINE_PAYLOAD_BYTES", "0"), ("DRAFTSTORE_RETAIN_TURNS_DAYS", "0")):
+        monkeypatch.setenv(name, value)
+    s = Settings.load()
+    assert (s.gc_grace_s, s.background_interval_s, s.sse_keepalive_s, s.cache_bytes) == (0, 0, 3600, 0)
+    assert (s.limits.inline_payload_bytes, s.retain_turns_days) == (0, 0)
+
+
+def test_none_spells_for_ever_for_the_retention_settings(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert Settings.load().retain_discarded_days == 30.0
+    monkeypatch.setenv("DRAFTSTORE_RETAIN_DISCARDED_DAYS", "none")
+    assert Settings.load().retain_discarded_days is None
+
+
+@pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"])
+def test_an_in_memory_sqlite_database_is_refused_not_a_crash(tmp_path: Path, url: str) -> None:
+    with pytest.raises(ConfigInvalid) as info:
+        Store.open(database_url=url, blob_url=f"file://{tmp_path}/blobs")
+    assert "in-memory SQLite" in str(info.value)
