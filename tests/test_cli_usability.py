@@ -326,3 +326,16 @@ def test_a_reader_that_stops_early_ends_the_command_quietly(home: Path) -> None:
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 141, err
     assert err == b""  # no error line, no "Exception ignored" from the final flush
+
+
+def test_json_output_carries_any_json_value_a_turn_recorded(home: Path) -> None:
+    # integers beyond 64 bits are valid JSON an agent may send; --json must still print the turn
+    with Store.open(settings=Settings(home=home)) as store:
+        p = store.create_project("big numbers")
+        t = store.start_turn(p.id, {"n": 2**70})
+        c = store.tool_started(t.id, "view_file", {"path": "a.py", "end_line": 99999999999999999999})
+        store.tool_completed(t.id, c.seq, {"total": -(2**80)})
+    turn = as_json(run(home, "turn", t.id, "--json"))
+    assert turn["user_message"] == {"n": 2**70}
+    assert turn["tool_calls"][0]["args"]["end_line"] == 99999999999999999999
+    assert turn["tool_calls"][0]["result"] == {"total": -(2**80)}

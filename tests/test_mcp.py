@@ -443,6 +443,23 @@ def test_an_error_or_a_result_the_history_refuses_still_closes_the_call(home: Pa
         world.store.close()
 
 
+def test_arguments_the_history_refuses_fail_the_call_and_it_is_recorded_failed(home: Path) -> None:
+    world = InProcess(home, Limits(max_payload_bytes=4096))
+    try:
+        before = world.store.view(world.project_id).list_files()
+        refused = world.call("write_file", {"path": "huge.txt", "content": "x" * 10_000})  # args over 4 KiB
+        assert code(refused) == "payload.too_large"
+        assert world.store.view(world.project_id).list_files() == before  # it did not run
+        not_json = world.call("view_file", {"path": "main.py", "pad": float("inf")})
+        assert code(not_json) == "input.invalid"
+        assert world.calls() == [("write_file", "failed", "payload.too_large"),
+                                 ("view_file", "failed", "input.invalid")]
+        recorded = world.store.get_turn(world.turn_id).tool_calls
+        assert [c.args["arguments_not_recorded"]["code"] for c in recorded] == ["payload.too_large", "input.invalid"]
+    finally:
+        world.store.close()
+
+
 def test_search_code_is_bounded_in_bytes(inproc: InProcess) -> None:
     line = "\U0001F600" * 501 + "\n"  # 2 KiB of UTF-8 in 501 characters
     ok(inproc.call("write_file", {"path": "e.txt", "content": line * 600}))
@@ -489,3 +506,30 @@ def test_unexpected_exceptions_are_internal_tool_errors_and_the_call_is_closed(i
     inproc.store.tool_completed = completed
     assert inproc.calls() == [("view_file", "failed", "internal"), ("write_file", "failed", "internal")]
     assert inproc.store.view(inproc.project_id).read_file("y.py") == b"y"
+
+
+def test_arguments_of_the_wrong_type_or_unknown_are_refused_not_coerced_or_dropped(inproc: InProcess) -> None:
+    # a lax client must not have "5" read as 5, true as 1, or a misspelt argument ignored
+    for name, args in (("view_file", {"path": "main.py", "start_line": "2"}),
+                       ("view_file", {"path": "main.py", "start_line": True}),
+                       ("view_file", {"path": "main.py", "end_line": 2.0}),
+                       ("search_code", {"pattern": "print", "regex": "yes"}),
+                       ("search_code", {"pattern": "print", "max_results": True}),
+                       ("find_files", {"glob": "**", "max_results": "10"}),
+                       ("write_file", {"path": "x.sh", "content": "x", "executable": 1}),
+                       ("view_file", {"path": "main.py", "start_lines": 2}),
+                       ("move_file", {"src": "main.py", "dst": "m.py", "force": True})):
+        assert code(inproc.call(name, args)) == "input.invalid", (name, args)
+    assert [c[1:] for c in inproc.calls()] == [("failed", "input.invalid")] * 9  # each one recorded
+    assert ok(inproc.call("view_file", {"path": "main.py", "start_line": 1}))["start_line"] == 1
+    assert not inproc.store.view(inproc.project_id).exists("x.sh")
+
+
+def test_move_file_does_not_replace_an_existing_file_unless_asked(inproc: InProcess) -> None:
+    view = inproc.store.view
+    ok(inproc.call("write_file", {"path": "a.py", "content": "A = 1\n"}))
+    ok(inproc.call("write_file", {"path": "b.py", "content": "B = 2\n"}))
+    assert code(inproc.call("move_file", {"src": "b.py", "dst": "a.py"})) == "path.conflict"
+    assert view(inproc.project_id).read_file("a.py") == b"A = 1\n" and view(inproc.project_id).exists("b.py")
+    ok(inproc.call("move_file", {"src": "b.py", "dst": "a.py", "overwrite": True}))
+    assert view(inproc.project_id).read_file("a.py") == b"B = 2\n" and not view(inproc.project_id).exists("b.py")

@@ -474,6 +474,10 @@ def test_state_conflicts_are_409(service: Service) -> None:
     err(c.post(f"/v1/turns/{t1['id']}/tool-calls/1/approval", json={"approved": True}), 409,
         "toolcall.not_awaiting_approval")
     ok(c.put(f"/v1/turns/{t1['id']}/files/one.txt", content=b"1"), 204)
+    ok(c.put(f"/v1/turns/{t1['id']}/files/uno.txt", content=b"uno"), 204)
+    err(c.post(f"/v1/turns/{t1['id']}/move", json={"src": "uno.txt", "dst": "one.txt"}), 409, "path.conflict")
+    ok(c.post(f"/v1/turns/{t1['id']}/move", json={"src": "uno.txt", "dst": "one.txt", "overwrite": True}), 204)
+    assert c.get(f"/v1/projects/{pid}/view/files/one.txt").content == b"uno"
     ok(c.post(f"/v1/turns/{t1['id']}/complete", json={"assistant_message": "ok"}))
     err(c.post(f"/v1/turns/{t1['id']}/complete", json={"assistant_message": "twice"}), 409, "turn.not_running")
     v2 = created(c.post(f"/v1/projects/{pid}/publish", json={"summary": "one"}))

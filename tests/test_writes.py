@@ -11,6 +11,7 @@ import pytest
 
 from draftstore import (
     DraftBusy,
+    InvalidInput,
     LimitExceeded,
     Limits,
     PatchInvalid,
@@ -418,3 +419,18 @@ def test_discarding_a_draft_that_is_being_published_is_refused(store):
     with pytest.raises(DraftBusy):
         store.discard_draft(p.id)
     assert store.get_project(p.id).active_draft_id == t.draft_id
+
+
+def test_move_file_refuses_to_replace_a_file_unless_overwrite(store):
+    p, t = running_turn(store)
+    store.write_file(t.id, "other.py", "O = 1\n")
+    before = snapshot(store, p.id)
+    with pytest.raises(PathConflict) as exc:
+        store.move_file(t.id, "other.py", "main.py")
+    assert exc.value.code == "path.conflict" and exc.value.details["path"] == "main.py"
+    with pytest.raises(InvalidInput):
+        store.move_file(t.id, "other.py", "main.py", overwrite="yes")
+    assert snapshot(store, p.id)[1:] == before[1:]
+    store.move_file(t.id, "other.py", "main.py", overwrite=True)
+    view = store.view(p.id)
+    assert view.read_text("main.py") == "O = 1\n" and not view.exists("other.py")

@@ -22,8 +22,9 @@ _DEFAULT_LIMITS = Limits.model_construct()  # the documented defaults; a store p
 
 
 def _deny(reason: str, path: object) -> PathDenied:
-    shown = repr(path)[:200]
-    return PathDenied(f"path {shown} denied: {reason}", path=shown, reason=reason)
+    shown = repr(path)[:200]  # quoted in the message: control characters and spaces stay visible
+    detail = path[:200] if isinstance(path, str) else shown
+    return PathDenied(f"path {shown} denied: {reason}", path=detail, reason=reason)
 
 
 def normalize_path(path: object, limits: Limits | None = None) -> str:

@@ -150,13 +150,15 @@ class Staging:
         check.turn_id(turn_id)
         self._apply(turn_id, {normalize_path(path, self.b.limits): None})
 
-    def move_file(self, turn_id: str, src: str, dst: str) -> None:
+    def move_file(self, turn_id: str, src: str, dst: str, overwrite: bool = False) -> None:
         check.turn_id(turn_id)
+        if not isinstance(overwrite, bool):
+            raise E.InvalidInput("overwrite must be true or false", field="overwrite")
         s = normalize_path(src, self.b.limits)
         d = normalize_path(dst, self.b.limits)
         if s == d:
             raise E.PathConflict("move source and destination are the same path", path=s)
-        self._apply(turn_id, {s: None, d: ("move", s)})
+        self._apply(turn_id, {s: None, d: ("move", s, overwrite)})
 
     def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None],
                       executable: Any = ()) -> None:
@@ -187,7 +189,7 @@ class Staging:
             state = StagedTree(self.b.trees, Digest(draft.code_manifest_key), overlay)
             moved = {}
             for value in changes.values():
-                if isinstance(value, tuple):  # ("move", src): resolved before the source is deleted
+                if isinstance(value, tuple):  # ("move", src, overwrite): resolved before the source is deleted
                     src_file = state.file(value[1])
                     if src_file is None:
                         raise E.PathNotFound(f"no file {value[1]!r} to move", path=value[1])
@@ -199,6 +201,8 @@ class Staging:
                 entry: FileEntry | None = moved[value[1]] if isinstance(value, tuple) else (
                     None if value is None else stored[path])
                 existed = state.file(path) is not None
+                if existed and isinstance(value, tuple) and not value[2]:
+                    raise E.PathConflict(f"{path!r} exists: move with overwrite to replace it", path=path)
                 if entry is None:
                     if not existed:
                         raise E.PathNotFound(f"no file {path!r} in the draft", path=path)

@@ -356,9 +356,10 @@ class Store:
         """Delete one file from the draft. Raises ``path.not_found`` if absent."""
         self._staging.delete_file(turn_id, path)
 
-    def move_file(self, turn_id: str, src: str, dst: str) -> None:
-        """Rename a file, atomically (no content is copied). Raises ``path.not_found``, ``path.conflict``."""
-        self._staging.move_file(turn_id, src, dst)
+    def move_file(self, turn_id: str, src: str, dst: str, *, overwrite: bool = False) -> None:
+        """Rename a file, atomically (no content is copied). Raises ``path.not_found``;
+        ``path.conflict`` if ``dst`` is a directory, or a file and ``overwrite`` is not set."""
+        self._staging.move_file(turn_id, src, dst, overwrite)
 
     def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None], *,
                       executable: Any = ()) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import inspect
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,8 +100,8 @@ Patch = Annotated[list[dict[str, Any]] | dict[str, Any],
 
 @_tool
 def view_file(path: Path,
-              start_line: Annotated[int, Field(description="first line, 1-based")] = 1,
-              end_line: Annotated[int | None, Field(description="last line (inclusive); default: as many "
+              start_line: Annotated[int, Field(strict=True, description="first line, 1-based")] = 1,
+              end_line: Annotated[int | None, Field(strict=True, description="last line (inclusive); default: as many "
                                                                 "as the bounds allow")] = None) -> dict[str, Any]:
     """Read a file of the project's newest state (the draft, else head) as text, by line range.
     At most 1000 lines / 64 KiB per call: when cut, `truncated` is true and `next_start_line`
@@ -119,7 +120,7 @@ def list_dir(path: Annotated[str, Field(description="a directory; '' is the root
 @_tool
 def find_files(glob: Annotated[str, Field(description="'*' and '?' stay in one directory, '**' spans "
                                                       "directories: '**/*.py' is every Python file")] = "**",
-               max_results: Annotated[int | None, Field(description="1..2000, default 200")] = None
+               max_results: Annotated[int | None, Field(strict=True, description="1..2000, default 200")] = None
                ) -> dict[str, Any]:
     """Paths matching a glob (whole path), sorted; `truncated` when there are more."""
     return _agent().find_files(glob, max_results)
@@ -127,11 +128,11 @@ def find_files(glob: Annotated[str, Field(description="'*' and '?' stay in one d
 
 @_tool
 def search_code(pattern: Annotated[str, Field(description="the text to find (a literal unless regex)")],
-                regex: Annotated[bool, Field(description="pattern is an RE2 regular expression")] = False,
+                regex: Annotated[bool, Field(strict=True, description="pattern is an RE2 regular expression")] = False,
                 glob: Annotated[str | None, Field(description="only files matching this glob")] = None,
-                context: Annotated[int, Field(description="lines of context before and after, 0..10")] = 0,
-                ignore_case: bool = False,
-                max_results: Annotated[int | None, Field(description="1..500, default 50")] = None
+                context: Annotated[int, Field(strict=True, description="lines of context before and after, 0..10")] = 0,
+                ignore_case: Annotated[bool, Field(strict=True)] = False,
+                max_results: Annotated[int | None, Field(strict=True, description="1..500, default 50")] = None
                 ) -> dict[str, Any]:
     """Search file contents line by line, like grep. Matches carry path, line_number and line
     (clipped at 500 bytes, `lines_clipped`). At most 64 KiB of lines per call: `truncated` when
@@ -141,7 +142,7 @@ def search_code(pattern: Annotated[str, Field(description="the text to find (a l
 
 @_tool
 def write_file(path: Path, content: str, encoding: Encoding = "utf-8",
-               executable: bool = False) -> dict[str, Any]:
+               executable: Annotated[bool, Field(strict=True)] = False) -> dict[str, Any]:
     """Create or replace one file in the draft (through the running turn)."""
     return _agent().write_file(_turn(), path, content, encoding, executable)
 
@@ -153,9 +154,11 @@ def delete_file(path: Path) -> dict[str, Any]:
 
 
 @_tool
-def move_file(src: Path, dst: Path) -> dict[str, Any]:
-    """Rename a file in the draft, atomically."""
-    return _agent().move_file(_turn(), src, dst)
+def move_file(src: Path, dst: Path,
+              overwrite: Annotated[bool, Field(strict=True, description="replace dst if it is a file")] = False
+              ) -> dict[str, Any]:
+    """Rename a file in the draft, atomically. An existing dst is path.conflict unless overwrite is true."""
+    return _agent().move_file(_turn(), src, dst, overwrite)
 
 
 @_tool
@@ -225,6 +228,8 @@ class DraftstoreMCP(MCPServer):
     def __init__(self, agent_of: Callable[[Context[Any, Any] | None], AgentTools]) -> None:
         super().__init__(name="draftstore", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING")
         self._agent_of = agent_of
+        # each tool's argument names: any other is refused (the SDK would drop it unseen)
+        self._params = {fn.__name__: frozenset(inspect.signature(fn).parameters) for fn in TOOLS}
         for fn in TOOLS:
             read = fn.__name__ in READ_TOOLS
             self.add_tool(fn, annotations=ToolAnnotations(read_only_hint=read, destructive_hint=not read,
@@ -248,6 +253,10 @@ class DraftstoreMCP(MCPServer):
         error: dict[str, Any] | None = None
         raised: BaseException | None = None
         try:
+            unknown = sorted(set(arguments or ()) - self._params[name])
+            if unknown:
+                raise E.InvalidInput(f"{name} takes no argument {', '.join(map(repr, unknown))}",
+                                     unknown=unknown[:20], arguments=sorted(self._params[name]))
             result = await super().call_tool(name, arguments, context)
         except Exception as exc:  # ToolError (the body's error, bad arguments) or an unexpected one
             error = call.error or _payload_of(exc)

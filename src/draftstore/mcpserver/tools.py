@@ -185,7 +185,23 @@ class AgentTools:
             if write:
                 raise
             return Recording(None, None)  # the turn has ended: its history is closed, the read is still served
+        except E.DraftstoreError as exc:
+            # the history refuses these arguments (too large, not JSON): the call does not run, and
+            # is recorded failed with that refusal, a stand-in in place of the arguments
+            self._record_refused(turn_id, name, exc)
+            raise
         return Recording(turn_id, call.seq)
+
+    def _record_refused(self, turn_id: str, name: str, exc: E.DraftstoreError) -> None:
+        stand_in = {"arguments_not_recorded": {"code": exc.code,
+                                               "message": _clip(str(exc.message), ERROR_STRING_CHARS)[0]}}
+        try:
+            call = self.store.tool_started(turn_id, name, stand_in)
+            self.store.tool_failed(turn_id, call.seq, error_payload(exc))
+        except E.TurnNotRunning:
+            pass
+        except Exception:  # logged; the caller still gets the refusal
+            log.exception("could not record the refused call of %s in turn %s", name, turn_id)
 
     def finish(self, rec: Recording, result: Any = None, error: dict[str, Any] | None = None) -> None:
         """Record the call's result (or ``error``); never raises.
@@ -334,8 +350,8 @@ class AgentTools:
         self.store.delete_file(turn_id, path)
         return {"path": path, "deleted": True}
 
-    def move_file(self, turn_id: str, src: str, dst: str) -> dict[str, Any]:
-        self.store.move_file(turn_id, src, dst)
+    def move_file(self, turn_id: str, src: str, dst: str, overwrite: bool = False) -> dict[str, Any]:
+        self.store.move_file(turn_id, src, dst, overwrite=overwrite)
         return {"src": src, "dst": dst, "moved": True}
 
     def apply_changes(self, turn_id: str, changes: dict[str, str | None], encoding: str = "utf-8",

@@ -84,6 +84,7 @@ class Changes(Body):
 class Move(Body):
     src: str
     dst: str
+    overwrite: bool = False  # replace an existing dst (else path.conflict)
 
 
 class Patch(Body):

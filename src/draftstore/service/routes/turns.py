@@ -108,7 +108,7 @@ def apply_changes(turn_id: str, body: Changes, request: Request, store: StoreDep
 def move_file(turn_id: str, body: Move, request: Request, store: StoreDep,
               principal: Principal = Allow(*AGENT)) -> Response:
     _scoped(request, principal, store, turn_id)
-    store.move_file(turn_id, body.src, body.dst)
+    store.move_file(turn_id, body.src, body.dst, overwrite=body.overwrite)
     return Response(status_code=204)
 
 
