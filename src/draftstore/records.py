@@ -7,14 +7,16 @@ they serialise as plain strings. A code state is always named by its tree
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import date, datetime, timezone
 from enum import StrEnum
 from typing import Any, Generic, TypeVar
 
 T = TypeVar("T")
 
 __all__ = [
+    "json_default",
     "Project",
     "Version",
     "Draft",
@@ -257,3 +259,17 @@ class Snapshot:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+def json_default(value: Any) -> Any:
+    """For a JSON encoder's ``default``: a record as a dict of its fields, a date or time in
+    ISO 8601, a set or tuple as a list, bytes as UTF-8 text, anything else as ``str``."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
+    if isinstance(value, (datetime, date)):
+        return value.isoformat()
+    if isinstance(value, (set, frozenset, tuple)):
+        return list(value)
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

@@ -7,11 +7,10 @@ so a row stays on one line. ``--json`` output is one JSON document on stdout.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import re
 from collections.abc import Sequence
-from datetime import date, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import sys
@@ -20,6 +19,8 @@ import click
 import orjson
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..records import json_default
 
 __all__ = ["echo", "warn", "table", "emit_json", "clip", "message_text", "when", "took", "progress_bar"]
 
@@ -62,32 +63,15 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], *, title: str |
         echo(line(row))
 
 
-def _default(value: Any) -> Any:
-    if isinstance(value, (set, frozenset, tuple)):
-        return list(value)
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-def _plain(value: Any) -> Any:
-    """For the standard library's encoder: what orjson turns into JSON by itself."""
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    return _default(value)
-
-
 def emit_json(value: Any) -> None:
     """``value`` (records are dataclasses; datetimes become ISO 8601) as indented JSON on stdout.
 
     orjson, or (for valid JSON values it refuses: integers beyond 64 bits, nesting deeper
     than 254 levels, strings holding a lone surrogate) the standard library's encoder."""
     try:
-        text = orjson.dumps(value, default=_default, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
+        text = orjson.dumps(value, default=json_default, option=orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS).decode()
     except orjson.JSONEncodeError:
-        text = json.dumps(value, default=_plain, indent=2, ensure_ascii=False)
+        text = json.dumps(value, default=json_default, indent=2, ensure_ascii=False)
     click.echo(text)
 
 

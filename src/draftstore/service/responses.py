@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
-from datetime import date, datetime
 from typing import Any
 
 import orjson
 from starlette.responses import Response
 
+from ..records import json_default
+
 __all__ = ["JSON", "dumps"]
-
-
-def _plain(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: getattr(value, f.name) for f in dataclasses.fields(value)}
-    if isinstance(value, (datetime, date)):
-        return value.isoformat()
-    return str(value)
 
 
 def dumps(value: Any) -> bytes:
@@ -27,7 +19,7 @@ def dumps(value: Any) -> bytes:
     try:
         return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
     except orjson.JSONEncodeError:
-        return json.dumps(value, default=_plain, separators=(",", ":"), allow_nan=False).encode()
+        return json.dumps(value, default=json_default, separators=(",", ":"), allow_nan=False).encode()
 
 
 class JSON(Response):
