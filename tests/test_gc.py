@@ -310,6 +310,32 @@ def test_objects_younger_than_the_grace_are_never_swept_and_go_once_it_is_zero(s
     assert store_factory().view(p.id).read_text("scratch.py").startswith("final")
 
 
+def test_a_turn_end_state_equal_to_its_start_shares_the_start_object_and_gc_keeps_it(store_factory):
+    # a turn that did not touch characters or world settings ends with its start state's object,
+    # stored once (no second PUT); one that did stores its own; gc keeps both
+    store = store_factory()
+    p = store.create_project("states", files={"a.py": "a = 1\n"}, characters={"hero": {"hp": 1}})
+    quiet = store.start_turn(p.id, "code only")
+    store.write_file(quiet.id, "b.py", "b = 1\n")
+    puts: list[bytes] = []
+    real_put = store.blobs.put
+    store.blobs.put = lambda data: puts.append(bytes(data)) or real_put(data)  # type: ignore[method-assign]
+    try:
+        store.complete_turn(quiet.id, "ok")
+        assert not [b for b in puts if b.startswith(b'{"characters"')]  # the end state was not stored again
+        busy = store.continue_turn(p.id, "characters too")
+        store.patch_characters(busy.id, {"hero": {"hp": 2}})
+        store.complete_turn(busy.id, "ok")
+        assert [b for b in puts if b.startswith(b'{"characters"')]  # a new end state is stored
+    finally:
+        store.blobs.put = real_put  # type: ignore[method-assign]
+    grace(store_factory, 0).gc(dry_run=False)
+    cold = store_factory()
+    assert cold.view_at_turn(quiet.id, "end").characters == {"hero": {"hp": 1}}
+    assert cold.view_at_turn(busy.id, "start").characters == {"hero": {"hp": 1}}
+    assert cold.view_at_turn(busy.id, "end").characters == {"hero": {"hp": 2}}
+
+
 def test_the_grace_counts_from_the_start_of_a_run_so_a_write_committed_while_it_marks_is_kept(store_factory):
     """A run takes a while to mark a large store. A write that starts after the run read its
     roots is invisible to it: only the grace protects it, so the grace must be measured from

@@ -34,6 +34,7 @@ from .drafts import Drafts
 from .ids import new_id
 from .projects import Projects
 from .deltas import Deltas
+from .digest import digest_of
 from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware
 from .sealing import Fold, Sealing
 from .toolcalls import ToolCalls
@@ -187,11 +188,17 @@ class Turns:
         overlay (``fold``, prepared before) into its end root, record the end
         state and compact its history. Raises ``turn.not_running`` (rolling the
         caller's transaction back)."""
-        row = conn.execute(self.b.for_update(sa.select(T.c.status).where(T.c.id == turn_id))).first()
+        row = conn.execute(self.b.for_update(sa.select(T.c.status, T.c.start_state_digest)
+                                             .where(T.c.id == turn_id))).first()
         if row is None or row.status != _RUNNING:
             raise self._not_running(turn_id, None if row is None else row.status)
         root, _ = self.sealing.apply(conn, fold, draft)
-        state = self.b.blobs.put(state_blob(draft.characters_json, draft.world_settings_json))
+        blob = state_blob(draft.characters_json, draft.world_settings_json)
+        state = digest_of(blob)
+        if state != row.start_state_digest:
+            # else it is the start state's object: stored when the turn started, and named by this
+            # committed row since (so garbage collection keeps it), it needs no second PUT
+            self.b.blobs.put(blob)
         calls = self.toolcalls.compact(conn, turn_id)
         row = conn.execute(T.update().where(T.c.id == turn_id).values(
             status=status, ended_at=now, end_root=root, end_state_digest=state, tool_calls_json=calls, **values,
