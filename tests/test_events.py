@@ -185,3 +185,23 @@ def test_append_now_waits_for_a_batch_the_publisher_has_taken_but_not_yet_append
     finally:
         gated.gate.set()
         publisher.close()
+
+
+def test_events_emitted_while_the_publisher_closes_are_settled_so_append_now_stays_direct(coordinator: Any) -> None:
+    publisher = EventPublisher(coordinator, linger_s=0.0)
+    publisher.emit("turn:t7", "tool.started", {"seq": 1})
+    real_flush = publisher.flush
+
+    def flush_then_emit(timeout: float = 10.0) -> bool:  # an emit between close's flush and its stop
+        done = real_flush(timeout)
+        publisher.emit("turn:t7", "tool.completed", {"seq": 1})
+        return done
+
+    publisher.flush = flush_then_emit  # type: ignore[method-assign]
+    publisher.close()
+    publisher.flush = real_flush  # type: ignore[method-assign]
+    try:
+        assert [e.type for e in coordinator.read("turn:t7")] == ["tool.started", "tool.completed"]
+        assert publisher._unsettled == 0  # noqa: SLF001 - nothing left counted as pending
+    finally:
+        publisher.close()

@@ -15,7 +15,8 @@ from draftstore.settings import Settings
     ("DRAFTSTORE_GC_GRACE_S", "-5"),  # gc would delete objects written a moment ago
     ("DRAFTSTORE_GC_GRACE_S", "nan"),
     ("DRAFTSTORE_HEARTBEAT_TTL_S", "0"),  # every running turn would be reaped at once
-    ("DRAFTSTORE_LOCK_TIMEOUT_S", "-1"),
+    ("DRAFTSTORE_PUBLISHING_STUCK_S", "-1"),
+    ("DRAFTSTORE_RETAIN_DISCARDED_DAYS", "1000000"),  # gc would overflow the date
     ("DRAFTSTORE_EVENT_TTL_S", "inf"),
     ("DRAFTSTORE_BACKGROUND_INTERVAL_S", "-1"),
     ("DRAFTSTORE_RETAIN_TURNS_DAYS", "-1"),
@@ -46,8 +47,12 @@ def test_at_the_edges_of_their_ranges_values_are_accepted(monkeypatch: pytest.Mo
 
 def test_none_spells_for_ever_for_the_retention_settings(monkeypatch: pytest.MonkeyPatch) -> None:
     assert Settings.load().retain_discarded_days == 30.0
-    monkeypatch.setenv("DRAFTSTORE_RETAIN_DISCARDED_DAYS", "none")
-    assert Settings.load().retain_discarded_days is None
+    for spelling in ("none", "None", " NONE "):
+        monkeypatch.setenv("DRAFTSTORE_RETAIN_DISCARDED_DAYS", spelling)
+        assert Settings.load().retain_discarded_days is None
+    monkeypatch.setenv("DRAFTSTORE_DATABASE_URL", "none")  # only the retention settings read it so
+    with pytest.raises(ConfigInvalid):
+        Store.open()
 
 
 @pytest.mark.parametrize("url", ["sqlite://", "sqlite:///:memory:", "sqlite:///file:x?mode=memory&uri=true"])

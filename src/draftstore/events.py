@@ -203,11 +203,15 @@ class EventPublisher:
                 except queue.Empty:
                     break
             pending: list[tuple[str, str, dict[str, Any]]] = []
+            # only once their appends returned: an append_now that finds nothing unsettled
+            # must find these in the buffer already
+            settled = sum(1 for e in batch if e is not _STOP and e[0] is not None)
             for e in batch:
                 if e is _STOP or e[0] is None or e[0] is _EXPIRE:
                     self._append(pending)
                     pending = []
-                    if e is _STOP:
+                    if e is _STOP:  # the last of the batch: everything before it is appended
+                        self._settle(settled)
                         return
                     if e[0] is None:
                         with self._flushes_lock:
@@ -218,9 +222,7 @@ class EventPublisher:
                 else:
                     pending.append(e)
             self._append(pending)
-            # only now, after their appends returned: an append_now that finds nothing
-            # unsettled must find these in the buffer already
-            self._settle(sum(1 for e in batch if e is not _STOP and e[0] is not None))
+            self._settle(settled)
 
     def _append(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
         if not events:

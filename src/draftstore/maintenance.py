@@ -19,6 +19,7 @@ from .backends import Backends
 from .db.tables import H, P, S, V
 from .fsck import Checker, FsckReport
 from .gc import Collector, GCStats, Retention, project_retention
+from .settings import MAX_RETAIN_DAYS
 
 __all__ = ["Maintenance"]
 
@@ -26,7 +27,7 @@ __all__ = ["Maintenance"]
 def _days(name: str, value: Any) -> float | None:
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 36_500:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= MAX_RETAIN_DAYS:
         raise E.InvalidInput(f"{name} is a number of days from 0 to 36,500, or null (for ever)", field=name)
     return float(value)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .errors import ConfigInvalid
@@ -19,6 +19,7 @@ from .errors import ConfigInvalid
 __all__ = ["Settings", "Limits", "DEFAULT_HOME"]
 
 DEFAULT_HOME = Path(".draftstore")
+MAX_RETAIN_DAYS = 36_500  # a hundred years: a retention past it is "for ever" (none)
 
 
 class Limits(BaseSettings):
@@ -28,7 +29,7 @@ class Limits(BaseSettings):
     changes nothing.
     """
 
-    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore", env_parse_none_str="none")
+    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore")
 
     max_file_bytes: int = Field(16 * 1024 * 1024, gt=0, description="largest single file")
     max_files_per_draft: int = Field(250_000, gt=0, description="files in one project state")
@@ -51,7 +52,7 @@ class Limits(BaseSettings):
 class Settings(BaseSettings):
     """Where the three stores live, plus tuning knobs."""
 
-    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore", env_parse_none_str="none")
+    model_config = SettingsConfigDict(env_prefix="DRAFTSTORE_", extra="ignore")
 
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; default sqlite:///.draftstore/draftstore.db"
@@ -84,14 +85,13 @@ class Settings(BaseSettings):
         description="garbage collection never deletes an object younger than this (in-flight writes)"
     )
     retain_turns_days: float | None = Field(
-        None, ge=0, allow_inf_nan=False,
+        None, ge=0, le=MAX_RETAIN_DAYS, allow_inf_nan=False,
         description="ended turns' boundary states and offloaded payloads are kept this long (none: for ever)"
     )
     retain_discarded_days: float | None = Field(
-        30.0, ge=0, allow_inf_nan=False, description="a discarded draft's tree is kept this long (none: for ever)"
+        30.0, ge=0, le=MAX_RETAIN_DAYS, allow_inf_nan=False,
+        description="a discarded draft's tree is kept this long (none: for ever)"
     )
-    lock_timeout_s: float = Field(10.0, gt=0, allow_inf_nan=False,
-    description="how long to wait for a coordinator lock")
     heartbeat_ttl_s: float = Field(
         60.0, gt=0, allow_inf_nan=False,
         description="a running turn whose heartbeat is older is reaped as interrupted"
@@ -109,6 +109,12 @@ class Settings(BaseSettings):
         description="an idle SSE stream gets a keep-alive comment this often"
     )
     limits: Limits = Field(default_factory=Limits)
+
+    @field_validator("retain_turns_days", "retain_discarded_days", mode="before")
+    @classmethod
+    def _for_ever(cls, value: Any) -> Any:
+        """``none`` (any case) spells "for ever" for a retention setting."""
+        return None if isinstance(value, str) and value.strip().lower() == "none" else value
 
     @classmethod
     def load(cls, **values: Any) -> "Settings":
