@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import sqlalchemy as sa
 
 from . import errors as E
+from . import validation as check
 from .records import Page
 
 __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page", "by_creation", "numbered"]
@@ -98,8 +99,7 @@ def numbered(kind: str, column: Any, cursor: Any, newest_first: bool = False) ->
     """Keyset paging over the integer ``column``: (the cursor kind of this order, the
     condition for the rows after the cursor's item, the ORDER BY clause). Oldest first
     by default; ``newest_first`` reverses it (with cursors of its own)."""
-    if not isinstance(newest_first, bool):
-        raise E.InvalidInput("newest_first is true or false", field="newest_first")
+    check.flag("newest_first", newest_first)
     kind = f"{kind}.newest" if newest_first else kind
     key = decode(kind, cursor, (int,))
     if newest_first:

@@ -46,8 +46,7 @@ class Publishing:
         check.project_id(project_id)
         summary = check.text("summary", summary, max_bytes=self.b.limits.max_message_bytes)
         actor = check.actor(actor)
-        if not isinstance(force, bool):
-            raise E.InvalidInput("force must be true or false", field="force")
+        check.flag("force", force)
         # the overlay is empty unless a writer of an older release died: then it is folded here
         fold = self.sealing.prepare_open(project_id)
         try:

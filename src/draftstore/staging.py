@@ -141,8 +141,7 @@ class Staging:
     # -- files -----------------------------------------------------------------------------
     def write_file(self, turn_id: str, path: str, data: bytes | str, executable: bool = False) -> None:
         check.turn_id(turn_id)
-        if not isinstance(executable, bool):
-            raise E.InvalidInput("executable must be true or false", field="executable")
+        check.flag("executable", executable)
         p = normalize_path(path, self.b.limits)
         self._apply(turn_id, {p: check.file_data(p, data, self.b.limits)}, frozenset([p] if executable else ()))
 
@@ -152,8 +151,7 @@ class Staging:
 
     def move_file(self, turn_id: str, src: str, dst: str, overwrite: bool = False) -> None:
         check.turn_id(turn_id)
-        if not isinstance(overwrite, bool):
-            raise E.InvalidInput("overwrite must be true or false", field="overwrite")
+        check.flag("overwrite", overwrite)
         s = normalize_path(src, self.b.limits)
         d = normalize_path(dst, self.b.limits)
         if s == d:

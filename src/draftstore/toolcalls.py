@@ -131,8 +131,7 @@ class ToolCalls:
     def started(self, turn_id: str, tool_name: str, args: Any, needs_approval: bool = False) -> ToolCall:
         check.turn_id(turn_id)
         tool_name = check.name("tool_name", tool_name)
-        if not isinstance(needs_approval, bool):
-            raise E.InvalidInput("needs_approval must be true or false", field="needs_approval")
+        check.flag("needs_approval", needs_approval)
         args_json, args_digest, args_preview = self._payload("args", args)
         now = utcnow()
         status = ToolCallStatus.AWAITING_APPROVAL if needs_approval else ToolCallStatus.STARTED
@@ -160,8 +159,7 @@ class ToolCalls:
         turn goes on). Raises ``toolcall.not_awaiting_approval``, ``turn.not_running``."""
         check.turn_id(turn_id)
         seq = check.seq(turn_id, seq)
-        if not isinstance(approved, bool):
-            raise E.InvalidInput("approved must be true or false", field="approved")
+        check.flag("approved", approved)
         if reason is not None:
             check.json_value("reason", reason, self.b.limits.max_message_bytes)
         now = utcnow()

@@ -39,6 +39,7 @@ __all__ = [
     "project_id",
     "turn_id",
     "version_id",
+    "flag",
     "seq",
     "MAX_NAME_CHARS",
     "MAX_ACTOR_CHARS",
@@ -252,6 +253,13 @@ def turn_id(value: Any) -> str:
 
 def version_id(value: Any) -> str:
     return _ident(value, "version_id", E.VersionNotFound)
+
+
+def flag(field: str, value: Any) -> bool:
+    """A yes/no parameter: exactly ``True`` or ``False`` (not 1, "yes" or None)."""
+    if not isinstance(value, bool):
+        raise E.InvalidInput(f"{field} must be true or false", field=field)
+    return value
 
 
 def seq(turn: str, value: Any) -> int:

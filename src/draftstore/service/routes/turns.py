@@ -156,8 +156,7 @@ def get_turn(turn_id: str, request: Request, store: StoreDep, tool_calls_limit: 
     _scoped(request, principal, store, turn_id)
     turn = store.get_turn(turn_id, tool_calls=False)
     calls = store.page_tool_calls(turn_id, None, tool_calls_limit)
-    return JSON({**dataclasses.asdict(dataclasses.replace(turn, tool_calls=())), "tool_calls": calls.items,
-                 "tool_calls_next_cursor": calls.next_cursor})
+    return JSON({**_summary(turn), "tool_calls": calls.items, "tool_calls_next_cursor": calls.next_cursor})
 
 
 @router.get("/turns/{turn_id}/tool-calls", response_model=Page[ToolCall], response_class=JSON)
