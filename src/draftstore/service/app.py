@@ -69,8 +69,8 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
             if owned:
                 s.close()
 
-    app = FastAPI(title="draftstore", version=__version__, lifespan=lifespan,
-                  description="The state store behind AI agents that edit a project over many turns.")
+    app = _App(title="draftstore", version=__version__, lifespan=lifespan,
+               description="The state store behind AI agents that edit a project over many turns.")
     errors.install(app)
 
     # turns first: an agent's tool-call and write requests are most of the traffic, and routes match in order
@@ -78,11 +78,24 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
     for router in routers:
         app.include_router(router)
     app.include_router(admin.router)  # the admin web page at /admin (not in the OpenAPI document)
-    if fast_lane:
-        fastlane.install(app, routers)  # plain routes in front of FastAPI's for the agent's hottest requests
+    if fast_lane:  # the agent's hottest requests, served in front of FastAPI's stack (fastlane.py)
+        app.fast_lane = fastlane.build(app, routers)
     app.mount("/mcp", mcp)  # /mcp/projects/{project_id}[/turns/{turn_id}] (docs/mcp.md)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
     return app
+
+
+class _App(FastAPI):
+    """FastAPI, with two plain ASGI layers outside its middleware stack: the body
+    limit (every request), then the fast lane (``fastlane.py``) if it has one."""
+
+    fast_lane: fastlane.FastLane | None = None
+
+    def build_middleware_stack(self) -> Any:
+        stack = super().build_middleware_stack()
+        if self.fast_lane is not None:
+            self.fast_lane.inner = stack
+            stack = self.fast_lane
+        return BodyLimit(stack, max_bytes=MAX_BODY_BYTES)
 
 
 class BodyLimit:

@@ -24,7 +24,7 @@ from typing import Annotated
 from urllib.parse import urlsplit
 
 from fastapi import Depends, Request
-from starlette.concurrency import run_in_threadpool
+from .threads import run_sync
 
 from .. import errors as E
 from ..records import Role
@@ -99,7 +99,7 @@ class Authenticator:
             exists = self._cached_tokens_exist()
             if exists is not None:
                 return self._tokenless(request, exists)
-        return await run_in_threadpool(self.principal, request)
+        return await run_sync(self.principal, request)
 
     def principal(self, request: Request) -> Principal:
         header = request.headers.get("authorization")

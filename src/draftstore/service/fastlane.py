@@ -1,27 +1,32 @@
 """The agent's hottest requests, answered without FastAPI's generic per-request machinery.
 
-A turn is mostly tool-call records and file writes; FastAPI's dependency
-resolution and body validation, generic code paths, cost ~0.15-0.3 ms of CPU
-per request on top of routing (measured in-process: the tool-call completion
-route, store call stubbed, ~340 us through FastAPI, ~180 us as a plain
-Starlette route). For the routes in ``HOT`` the service puts a plain route in
-front of FastAPI's that does the same work directly:
+A turn is mostly tool-call records and file writes. FastAPI's dependency
+resolution and body validation cost ~0.15-0.3 ms of CPU per request on top
+of routing (measured in-process: the tool-call completion route, store call
+stubbed, ~340 us through FastAPI, ~180 us as a plain Starlette route), and
+the app's middleware stack (server errors, telemetry, body limit, exception
+table, exit stack, then the router trying each route) as much again for a
+route that does nothing. For the routes in ``HOT``, ``FastLane`` sits in
+front of that stack (the outermost layer after the body limit, ``app.py``)
+and does the same work directly:
 
 - the endpoint is the FastAPI route's own function (no handler is written
   twice), called with the same arguments FastAPI would give it: path
-  parameters, the body parsed as FastAPI parses it (``json.loads``, then the
-  body model the endpoint's signature names), the request, the store and the
-  principal its ``Allow(...)`` default names (same roles, same check);
-- a sync endpoint runs in the thread pool, as FastAPI runs it;
-- errors the endpoint or the check raise reach the app's error table.
+  parameters (matched and converted as Starlette matches them), the body
+  parsed as FastAPI parses it (``json.loads``, then the body model the
+  endpoint's signature names), the request, the store and the principal its
+  ``Allow(...)`` default names (same roles, same check);
+- a sync endpoint runs on the service's thread pool (``threads.py``);
+- an error the endpoint or the check raise gets the app's handler for it,
+  as the stack's exception layers would give it.
 
 Anything off the happy path (a body that is empty, not JSON, not of the
-declared content type, or not valid for its model) is dispatched again
-through the app's router, past the fast lane, with the body replayed: every
-such answer is FastAPI's own. The
-FastAPI routes stay registered: they document the API (``/openapi.json``)
-and answer whatever the fast lane hands over. ``create_app(fast_lane=False)``
-serves everything through FastAPI (the parity test compares both).
+declared content type, or not valid for its model) is handed over to the
+app's own stack with the body replayed: every such answer is FastAPI's own.
+The FastAPI routes stay registered: they document the API
+(``/openapi.json``) and answer whatever the fast lane hands over.
+``create_app(fast_lane=False)`` serves everything through FastAPI (the
+parity test compares both).
 """
 
 from __future__ import annotations
@@ -36,13 +41,14 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from starlette.concurrency import run_in_threadpool
+from .threads import run_sync
 from starlette.requests import Request
-from starlette.routing import Match, Route
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import compile_path, get_route_path
 
 from .auth import authorize
 
-__all__ = ["HOT", "install"]
+__all__ = ["HOT", "FastLane", "build"]
 
 # (method, path) of the routes an agent's turn sends most: each must exist in the app
 HOT: tuple[tuple[str, str], ...] = (
@@ -60,7 +66,6 @@ HOT: tuple[tuple[str, str], ...] = (
 # anything else falls through to FastAPI's route (which answers 422)
 _INT_PARAMS = frozenset({"seq"})
 _PATH_PARAMS = frozenset({"turn_id", "project_id", "path", "seq"})
-_HANDED_OVER = "draftstore.fast_lane.handed_over"  # scope key: FastAPI's route answers this request
 
 
 def _json_content_type(value: str | None) -> bool:
@@ -76,9 +81,9 @@ def _json_content_type(value: str | None) -> bool:
 class _FastEndpoint:
     """One hot route's work as a plain ASGI app (see the module docstring)."""
 
-    def __init__(self, api_route: APIRoute, router: Any) -> None:
+    def __init__(self, api_route: APIRoute, lane: "FastLane") -> None:
         self.api_route = api_route
-        self.router = router  # the app's router: a handed-over request is dispatched again through it
+        self.lane = lane
         fn = api_route.endpoint
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -118,7 +123,7 @@ class _FastEndpoint:
         if self.is_async:
             response = await self.fn(**kwargs)
         else:
-            response = await run_in_threadpool(self.fn, **kwargs)
+            response = await run_sync(self.fn, **kwargs)
         await response(scope, receive, send)
 
     def _parse(self, request: Request, raw: bytes) -> BaseModel | None:
@@ -139,16 +144,71 @@ class _FastEndpoint:
                 return {"type": "http.request", "body": raw, "more_body": False}
             return await receive()
 
-        await self.router(dict(scope, **{_HANDED_OVER: True}), replay, send)
+        scope.pop("path_params", None)
+        await self.lane.hand_over(scope, replay, send)
 
 
-class _FastRoute(Route):
-    """A plain route that steps aside for a request the fast lane handed over."""
+class FastLane:
+    """The outermost layer of the app's middleware stack: a request for a hot route is
+    served here, anything else goes on to the app's own stack (``inner``) untouched.
 
-    def matches(self, scope: Any) -> tuple[Match, Any]:
-        if scope.get(_HANDED_OVER):
-            return Match.NONE, {}
-        return super().matches(scope)
+    What the stack's layers do for a hot route is done here: an error the endpoint
+    or its check raise gets the app's handler for it (as ``ExceptionMiddleware`` and
+    ``ServerErrorMiddleware`` would give it), unless the answer has already begun.
+    """
+
+    def __init__(self, app: FastAPI, routes: Iterable[tuple[str, APIRoute]]) -> None:
+        self.app = app
+        self.inner: Any = None  # the app's own middleware stack, set when the app builds it
+        self.routes = []
+        for method, api_route in routes:
+            regex, _, convertors = compile_path(_fast_path(api_route.path))
+            self.routes.append((method, regex, convertors, _FastEndpoint(api_route, self)))
+
+    def match(self, method: str, path: str) -> tuple[_FastEndpoint, dict[str, Any]] | None:
+        """The hot route's endpoint for this request, with its path parameters (None: not hot)."""
+        for m, regex, convertors, endpoint in self.routes:
+            if m == method and (found := regex.match(path)) is not None:
+                return endpoint, {k: convertors[k].convert(v) for k, v in found.groupdict().items()}
+        return None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        hit = self.match(scope["method"], get_route_path(scope)) if scope["type"] == "http" else None
+        if hit is None:
+            await self.inner(scope, receive, send)
+            return
+        endpoint, scope["path_params"] = hit
+        started = False
+
+        async def sender(message: Any) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.serve(endpoint, scope, receive, sender)
+        except Exception as exc:
+            handler = _handler_for(self.app.exception_handlers, exc)
+            if handler is None or started:
+                raise
+            response = await handler(Request(scope, receive), exc)
+            await response(scope, receive, sender)
+            exc.__traceback__ = None  # a reused exception instance would keep every request's frames
+
+    async def serve(self, endpoint: _FastEndpoint, scope: Any, receive: Any, send: Any) -> None:
+        """A hot request, served here."""
+        await endpoint(scope, receive, send)
+
+    async def hand_over(self, scope: Any, receive: Any, send: Any) -> None:
+        """A hot request off the happy path, answered by FastAPI's route through the app's stack."""
+        await self.inner(scope, receive, send)
+
+
+def _handler_for(handlers: dict[Any, Any], exc: Exception) -> Any:
+    """The app's handler for ``exc``: its class's, else the nearest base class's."""
+    if isinstance(exc, StarletteHTTPException) and exc.status_code in handlers:
+        return handlers[exc.status_code]
+    return next((handlers[cls] for cls in type(exc).__mro__ if cls in handlers), None)
 
 
 def _fast_path(path: str) -> str:
@@ -157,16 +217,13 @@ def _fast_path(path: str) -> str:
     return path
 
 
-def install(app: FastAPI, routers: Iterable[APIRouter]) -> None:
-    """Put a plain route in front of the app's routes for each route of ``HOT``, found
-    among ``routers`` (those the app includes, with no dependencies of their own)."""
+def build(app: FastAPI, routers: Iterable[APIRouter]) -> FastLane:
+    """A fast lane for the routes of ``HOT``, found among ``routers`` (those the app
+    includes, with no dependencies of their own). The app puts it in front of its
+    middleware stack and sets its ``inner`` to that stack (``app.py``)."""
     api_routes = {(method, r.path): r for router in routers for r in router.routes
                   if isinstance(r, APIRoute) for method in r.methods}
-    fast = []
-    for method, path in HOT:
-        api_route = api_routes.get((method, path))
-        if api_route is None:
-            raise RuntimeError(f"fast lane: no route {method} {path}")
-        fast.append(_FastRoute(_fast_path(path), _FastEndpoint(api_route, app.router), methods=[method],
-                               include_in_schema=False))
-    app.router.routes[:0] = fast
+    missing = [f"{method} {path}" for method, path in HOT if (method, path) not in api_routes]
+    if missing:
+        raise RuntimeError(f"fast lane: no route {', '.join(missing)}")
+    return FastLane(app, [(method, api_routes[(method, path)]) for method, path in HOT])

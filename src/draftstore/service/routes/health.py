@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter
-from starlette.concurrency import run_in_threadpool
+from ..threads import run_sync
 
 from ..auth import StoreDep
 from ..responses import JSON
@@ -12,7 +12,7 @@ router = APIRouter(tags=["health"])
 
 
 @router.get("/healthz", response_class=JSON)
-def healthz() -> JSON:
+async def healthz() -> JSON:
     """The process is up."""
     return JSON({"status": "ok"})
 
@@ -20,7 +20,7 @@ def healthz() -> JSON:
 @router.get("/readyz", response_class=JSON)
 async def readyz(store: StoreDep) -> JSON:
     """Each backend checked; 503 names the ones that are down."""
-    checks = await run_in_threadpool(store.check_backends)
+    checks = await run_sync(store.check_backends)
     down = {name: why for name, why in checks.items() if why is not None}
     body = {"status": "ready" if not down else "unavailable", "checks": {k: v or "ok" for k, v in checks.items()}}
     if down:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 from pydantic import Field
-from starlette.concurrency import run_in_threadpool
+from ..threads import run_sync
 
 from ...records import Snapshot
 from ..auth import AGENT, Allow, Principal, StoreDep, project_scope
@@ -32,7 +32,7 @@ async def create_snapshot(project_id: str, body: CreateSnapshot, store: StoreDep
     """Build a tar + zstd bundle of the state now (or record an external one)."""
     project_scope(principal, project_id)
     if body.external_ref is not None:
-        snap = await run_in_threadpool(store.record_snapshot, project_id, body.source, body.external_ref)
+        snap = await run_sync(store.record_snapshot, project_id, body.source, body.external_ref)
     else:
-        snap = await run_in_threadpool(store.create_snapshot, project_id, body.source)
+        snap = await run_sync(store.create_snapshot, project_id, body.source)
     return JSON(snap, status_code=201)

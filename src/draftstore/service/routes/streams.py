@@ -42,7 +42,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
-from starlette.concurrency import run_in_threadpool
+from ..threads import run_sync
 
 from ... import errors as E
 from ...coord import Tail
@@ -107,7 +107,7 @@ class _Stream:
         delay = POLL_S
         while True:
             try:
-                return await run_in_threadpool(self.store.coord.tail, self.stream, after, BATCH)
+                return await run_sync(self.store.coord.tail, self.stream, after, BATCH)
             except E.BackendUnavailable:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_S)
@@ -117,7 +117,7 @@ class _Stream:
         tail = await self.tail(MAX_EVENT_ID)  # only the position: where live events will continue
         self.epoch, self.after = tail.epoch, tail.last_id
         cursor = f"{self.epoch or '-'}:{self.after}"
-        events = await run_in_threadpool(self.store.durable_events, self.turn_id) if self.turn_id else []
+        events = await run_sync(self.store.durable_events, self.turn_id) if self.turn_id else []
         self.rebuilt_keys = {(type_, data.get("seq")) for type_, data in events}
         yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": True}).decode(), event="stream.rebuilt",
                               id=cursor if not events else None)
@@ -228,10 +228,10 @@ async def turn_events(turn_id: str, request: Request, store: StoreDep,
                       principal: Principal = Allow(*AGENT)) -> Any:
     """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
     application/json`` one page ``{events, has_more_before, has_more_after}``."""
-    await run_in_threadpool(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
-    turn = await run_in_threadpool(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
+    await run_sync(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
+    turn = await run_sync(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
     if _wants_json(request):
-        return await run_in_threadpool(_page, store, f"turn:{turn_id}", after, before, limit, None)
+        return await run_sync(_page, store, f"turn:{turn_id}", after, before, limit, None)
     position = _position(request.headers.get("last-event-id"), after)
     ended = turn.status != TurnStatus.RUNNING
     return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None, turn_ended=ended), position)
@@ -246,10 +246,10 @@ async def project_events(project_id: str, request: Request, store: StoreDep,
     An observer never learns of a draft: its stream carries ``version.published`` and ``head.moved`` only,
     and no event that names a draft."""
     project_scope(principal, project_id)
-    await run_in_threadpool(store.get_project, project_id)
+    await run_sync(store.get_project, project_id)
     observer = principal.role == Role.OBSERVER
     types = PUBLISHED if observer else COMMITTED
     if _wants_json(request):
-        return await run_in_threadpool(_page, store, f"project:{project_id}", after, before, limit, types, observer)
+        return await run_sync(_page, store, f"project:{project_id}", after, before, limit, types, observer)
     position = _position(request.headers.get("last-event-id"), after)
     return _response(request, _Stream(store, f"project:{project_id}", None, types, no_drafts=observer), position)

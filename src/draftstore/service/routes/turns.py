@@ -6,7 +6,7 @@ import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
-from starlette.concurrency import run_in_threadpool
+from ..threads import run_sync
 from starlette.responses import Response
 
 from ... import errors as E
@@ -77,7 +77,7 @@ async def write_file(turn_id: str, path: str, request: Request, principal: Princ
         data += chunk
         if len(data) > limit:
             raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
-    await run_in_threadpool(_write, request, principal, store, turn_id, path, bytes(data))
+    await run_sync(_write, request, principal, store, turn_id, path, bytes(data))
     return Response(status_code=204)
 
 

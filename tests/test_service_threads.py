@@ -1,0 +1,69 @@
+"""The service's thread pool keeps run_in_threadpool's guarantees (service/threads.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+import time
+
+import pytest
+
+from draftstore.service import threads
+
+who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
+
+
+def test_a_call_runs_off_the_loop_in_the_callers_context_and_returns_or_raises() -> None:
+    async def main() -> None:
+        who.set("request-7")
+        loop_thread = threading.get_ident()
+        got = await threads.run_sync(lambda a, b=0: (who.get(), threading.get_ident(), a + b), 1, b=2)
+        assert got[0] == "request-7" and got[1] != loop_thread and got[2] == 3
+
+        def boom() -> None:
+            raise KeyError("missing")
+
+        with pytest.raises(KeyError, match="missing"):
+            await threads.run_sync(boom)
+
+    asyncio.run(main())
+
+
+def test_at_most_max_threads_calls_run_at_once_and_the_rest_wait_their_turn() -> None:
+    running, peak, lock = 0, 0, threading.Lock()
+
+    def call() -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.3)  # long enough for every thread of the pool to have started meanwhile
+        with lock:
+            running -= 1
+
+    async def main() -> None:
+        await asyncio.gather(*(threads.run_sync(call) for _ in range(threads.MAX_THREADS + 20)))
+
+    asyncio.run(main())
+    assert peak == threads.MAX_THREADS
+
+
+def test_a_call_that_began_runs_to_its_end_even_if_its_request_is_cancelled() -> None:
+    began, finished = threading.Event(), threading.Event()
+
+    def slow() -> None:
+        began.set()
+        time.sleep(0.2)
+        finished.set()
+
+    async def main() -> None:
+        task = asyncio.ensure_future(threads.run_sync(slow))
+        while not began.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    assert finished.wait(5)
