@@ -41,12 +41,12 @@ from typing import Any
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute
 from pydantic import BaseModel, ValidationError
-from .threads import run_sync
-from starlette.requests import Request
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
 from starlette.routing import compile_path, get_route_path
 
 from .auth import authorize
+from .threads import run_sync
 
 __all__ = ["HOT", "FastLane", "build"]
 
@@ -191,7 +191,11 @@ class FastLane:
             handler = _handler_for(self.app.exception_handlers, exc)
             if handler is None or started:
                 raise
-            response = await handler(Request(scope, receive), exc)
+            request = Request(scope, receive)
+            if inspect.iscoroutinefunction(handler):
+                response = await handler(request, exc)
+            else:
+                response = await run_sync(handler, request, exc)
             await response(scope, receive, sender)
             exc.__traceback__ = None  # a reused exception instance would keep every request's frames
 
