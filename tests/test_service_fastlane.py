@@ -15,7 +15,6 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from starlette.testclient import TestClient
 
 from draftstore import Store
@@ -67,7 +66,7 @@ def _requests(pid: str, tid: str, other_tid: str, tokens: dict[str, str]) -> Ite
         (f"/v1/projects/{pid}/turns", b'{"user_message": "again"}',  # a turn is running: a conflict
          [b'{"user_message": "x", "continue": "maybe"}', b'{"user_message": "x", "continue_": true}', b"{}"]),
         (f"/v1/turns/{other_tid}/deltas", b'{"text": "x"}', []),  # another project's turn
-        (f"/v1/turns/nope/tool-calls", b'{"tool_name": "x"}', []),
+        ("/v1/turns/nope/tool-calls", b'{"tool_name": "x"}', []),
     ]:
         yield "POST", url, good, auth
         for body in bad + [b"", b'{"tool_name": ', b"[]", b'"\xff\xfe"', b"[" * 5000 + b"]" * 5000]:

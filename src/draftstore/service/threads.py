@@ -13,7 +13,10 @@ Guarantees, as with ``run_in_threadpool``: the call runs in a copy of the
 caller's context (context variables read the same), at most ``MAX_THREADS``
 calls run at once (more wait their turn), and its exception is raised to the
 awaiting handler. A call that has begun always runs to its end, even if the
-request that awaited it is cancelled meanwhile.
+request that awaited it is cancelled meanwhile. One difference: a cancelled
+request stops waiting at once (anyio's default holds the cancellation until
+the call returns). uvicorn cancels a request only when it shuts down past
+its grace period; a client that goes away does not cancel its request.
 """
 
 from __future__ import annotations
