@@ -562,10 +562,12 @@ STAGES = [
     ("httptools_impl", "uvicorn protocol / httptools"),
     ("WorkerThread.run", "pool threads waking up / bookkeeping"),
     ("concurrent/futures/thread.py", "pool threads waking up / bookkeeping"),
+    ("service/threads.py", "pool threads waking up / bookkeeping"),
     ("draftstore/events.py", "the event publisher thread"),
 ]
 GENERIC = ("threading.py", "<frozen runpy>", "click/", "uvicorn/main.py", "uvicorn/__main__.py", "uvicorn/server.py",
-           "uvicorn/_compat.py", "asyncio/runners.py", "concurrent/futures/thread.py", "anyio/_backends/_asyncio.py")
+           "uvicorn/_compat.py", "asyncio/runners.py", "concurrent/futures/thread.py", "anyio/_backends/_asyncio.py",
+           "service/threads.py")
 
 
 def top_frames(collapsed: str, requests: int, n: int = 15) -> list[str]:

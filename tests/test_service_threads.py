@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 
@@ -57,13 +60,45 @@ def test_a_call_that_began_runs_to_its_end_even_if_its_request_is_cancelled() ->
         time.sleep(0.2)
         finished.set()
 
+    loop_errors: list[dict] = []
+
     async def main() -> None:
+        asyncio.get_running_loop().set_exception_handler(lambda _loop, ctx: loop_errors.append(ctx))
         task = asyncio.ensure_future(threads.run_sync(slow))
         while not began.is_set():
             await asyncio.sleep(0.005)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
+        assert finished.wait(5)
+        await asyncio.sleep(0.05)  # the answer nobody awaits reaches the loop meanwhile
 
     asyncio.run(main())
-    assert finished.wait(5)
+    assert finished.is_set()
+    assert loop_errors == []  # delivered to a cancelled future: dropped, not an InvalidStateError
+
+
+def test_the_process_exits_only_once_the_call_in_hand_has_finished(tmp_path) -> None:
+    # the loop is gone (asyncio.run returned) while the call still runs: exit waits for it
+    marker = tmp_path / "finished"
+    script = textwrap.dedent(f"""
+        import asyncio, threading, time
+        from draftstore.service import threads
+        began = threading.Event()
+
+        def slow():
+            began.set()
+            time.sleep(0.5)
+            open({str(marker)!r}, "w").write("done")
+
+        async def main():
+            task = asyncio.ensure_future(threads.run_sync(slow))
+            while not began.is_set():
+                await asyncio.sleep(0.005)
+            task.cancel()
+
+        asyncio.run(main())
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert marker.read_text() == "done"
