@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import os
 import subprocess
 import sys
 import textwrap
@@ -102,3 +103,29 @@ def test_the_process_exits_only_once_the_call_in_hand_has_finished(tmp_path) -> 
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert marker.read_text() == "done"
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork on this platform")
+def test_a_forked_child_runs_calls_on_a_pool_of_its_own() -> None:
+    # the parent's pool threads do not survive a fork: a child that reused the pool would queue
+    # its calls for threads that are not there and wait for ever
+    script = textwrap.dedent("""
+        import asyncio, os, sys, threading
+        from draftstore.service import threads
+
+        async def who():
+            return await threads.run_sync(threading.get_ident)
+
+        asyncio.run(who())  # the parent's pool now exists, its first thread waiting for work
+        pid = os.fork()
+        if pid == 0:
+            try:
+                asyncio.run(asyncio.wait_for(who(), 10))
+                os._exit(0)
+            except BaseException:
+                os._exit(3)
+        _, status = os.waitpid(pid, 0)
+        sys.exit(os.waitstatus_to_exitcode(status))
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, (done.returncode, done.stderr)

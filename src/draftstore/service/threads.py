@@ -17,10 +17,11 @@ calls run at once (more wait their turn, first come first served), and its
 exception is raised to the awaiting handler. A call that has begun always
 runs to its end, even if the request that awaited it is cancelled meanwhile;
 at interpreter exit the pool's threads finish what they hold before the
-process ends. One difference: a cancelled request stops waiting at once
-(anyio's default holds the cancellation until the call returns). uvicorn
-cancels a request only when it shuts down past its grace period; a client
-that goes away does not cancel its request.
+process ends. A forked child starts a pool of its own. One difference: a
+cancelled request stops waiting at once (anyio's default holds the
+cancellation until the call returns). uvicorn cancels a request only when
+it shuts down past its grace period; a client that goes away does not
+cancel its request.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextvars
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -105,6 +107,16 @@ class _Pool:
 
 _pool: _Pool | None = None
 _pool_lock = threading.Lock()
+
+
+def _forget_pool() -> None:
+    """In a forked child: the parent's threads did not come along, so start afresh."""
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_pool)
 
 
 def _get_pool() -> _Pool:
