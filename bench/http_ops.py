@@ -17,7 +17,7 @@ writes), then ``complete_turn``. Every request is timed on its own.
   followed by ``SHORT_TURNS`` turns of a start and a complete alone (so
   the two ~10 ms operations get 5x the samples), twice: with
   a lean client (the standard library's ``http.client`` on one kept-alive
-  connection, ~0.1 ms of client CPU per request, about what a client in Go,
+  connection, 0.1-0.25 ms of client CPU per request, about what a client in Go,
   Java or Node costs) and with ``httpx`` (a pure-Python client that costs
   ~0.35-0.55 ms of CPU per request on its own). Overhead = HTTP p50 - library
   p50 per operation. Goal: <= 1 ms with the lean client, since the client is
