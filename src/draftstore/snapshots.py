@@ -12,7 +12,6 @@ root is no longer the state's). Deleting every snapshot loses nothing.
 
 from __future__ import annotations
 
-import errno
 import io
 import os
 import shutil
@@ -29,8 +28,9 @@ from . import errors as E
 from . import faults
 from . import validation as check
 from .backends import Backends
-from .db.tables import D, P, S, V, utcnow
+from .db.tables import D, P, S, utcnow
 from .digest import Digest
+from .dirwriter import DirectoryWriter
 from .ids import new_id
 from .packing import Packing
 from .records import Snapshot, SnapshotStatus, aware
@@ -234,15 +234,15 @@ class Snapshots:
         the bundle. ``expected``: the tree's files (path -> stat). Memory stays near one
         decompression window plus the largest file."""
         total = 0
-        writer = _Writer(dest, expected)
-        for path, data in _tar_members(raw, max((st.size for st in expected.values()), default=0)):
-            st = expected.get(path)
-            if st is None or data.nbytes != st.size:
-                raise E.IntegrityError(f"bundle member {path[:200]!r} is not a file of the tree")
-            writer.write(path, data, st.executable)
-            total += st.size
-            if progress and writer.count % _CHUNK == 0:
-                progress(writer.count, len(expected))
+        with DirectoryWriter(dest, expected) as writer:
+            for path, data in _tar_members(raw, max((st.size for st in expected.values()), default=0)):
+                st = expected.get(path)
+                if st is None or data.nbytes != st.size:
+                    raise E.IntegrityError(f"bundle member {path[:200]!r} is not a file of the tree")
+                writer.write(path, data, st.executable)
+                total += st.size
+                if progress and writer.count % _CHUNK == 0:
+                    progress(writer.count, len(expected))
         if writer.count != len(expected):
             raise E.IntegrityError(f"bundle holds {writer.count} of the tree's {len(expected)} files")
         if progress:
@@ -253,14 +253,16 @@ class Snapshots:
         self.packing.prefetch(view.root)
         files = list(view.iter_files())
         total = 0
-        writer = _Writer(dest, dict(files))
-        for i, chunk in enumerate(_chunks(files)):
-            contents = self.b.objects.get_many([st.digest for _, st in chunk])
-            for path, st in chunk:
-                writer.write(path, contents[st.digest], st.executable)
-                total += st.size
-            if progress:
-                progress(min((i + 1) * _CHUNK, len(files)), len(files))
+        with DirectoryWriter(dest, dict(files)) as writer:
+            for i, chunk in enumerate(_chunks(files)):
+                contents = self.b.objects.get_many([st.digest for _, st in chunk])
+                for path, st in chunk:
+                    writer.write(path, contents[st.digest], st.executable)
+                    total += st.size
+                if progress and i + 1 < -(-len(files) // _CHUNK):
+                    progress(min((i + 1) * _CHUNK, len(files)), len(files))
+        if progress:
+            progress(len(files), len(files))
         return len(files), total
 
 
@@ -283,68 +285,6 @@ def _prepare(dest: Path, replace: bool) -> None:
             shutil.rmtree(entry)
         else:
             entry.unlink()
-
-
-class _Writer:
-    """Writes files below ``dest`` (``O_NOFOLLOW``: never through a link), each with
-    its mode whatever the umask. Directories are made once, up front. It
-    writes on the calling thread: with many small files, extra writer threads only
-    contend for the GIL with the thread that produces the bytes."""
-
-    def __init__(self, dest: Path, files: dict[str, Any]) -> None:
-        self.dest = str(dest)
-        self.written: set[str] = set()
-        for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
-            os.makedirs(os.path.join(self.dest, d), exist_ok=True)
-        self._chmod = not _creation_keeps_modes(self.dest)
-
-    @property
-    def count(self) -> int:
-        """Files written so far."""
-        return len(self.written)
-
-    def write(self, path: str, data: bytes | memoryview, executable: bool) -> None:
-        if path in self.written:
-            raise E.IntegrityError(f"{path!r} written twice")
-        self.written.add(path)
-        _write(os.path.join(self.dest, path), data, executable, self._chmod)
-
-
-def _write(target: str, data: bytes | memoryview, executable: bool, chmod: bool = True) -> None:
-    mode = 0o755 if executable else 0o644
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
-    try:
-        _write_all(fd, data)
-        if chmod:
-            os.fchmod(fd, mode)  # the umask must not change a file's mode
-    finally:
-        os.close(fd)
-
-
-def _creation_keeps_modes(dest: str) -> bool:
-    """True when a file created below ``dest`` (in a directory made there) gets exactly
-    the mode 0o644 or 0o755 it is created with: the process umask clears none of those
-    bits and ``dest`` has no default ACL (which would stand in for the umask). False
-    whenever either cannot be told: every file is then chmod-ed (one journaled inode
-    update a file saved otherwise)."""
-    try:
-        with open("/proc/self/status", "rb") as status:
-            umask = next((int(line.split()[1], 8) for line in status if line.startswith(b"Umask:")), None)
-    except (OSError, ValueError, IndexError):
-        return False
-    if umask is None or umask & 0o755 or not hasattr(os, "getxattr"):
-        return False
-    try:
-        os.getxattr(dest, "system.posix_acl_default")
-    except OSError as exc:
-        return exc.errno in (errno.ENODATA, errno.ENOTSUP, errno.EOPNOTSUPP)
-    return False
-
-
-def _write_all(fd: int, data: bytes | memoryview) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 # -- reading a bundle ---------------------------------------------------------------------------

@@ -1,0 +1,75 @@
+"""The parallel directory writer ``materialize`` writes with (``draftstore.dirwriter``).
+
+What it must never do: lose a writer thread's error, leave threads running
+after it is left (the caller clears the directory next), follow a link, or
+let the umask change a mode.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from draftstore import IntegrityError
+from draftstore.dirwriter import _BATCH_BYTES, DirectoryWriter
+
+
+def _writers() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("draftstore-writer-")]
+
+
+def test_every_file_is_on_disk_with_its_mode_once_closed(tmp_path: Path) -> None:
+    files = {f"d{i % 7}/sub/f{i}.txt": bytes([i % 256]) * (i % 300) for i in range(1000)}
+    files["big/blob.bin"] = os.urandom(_BATCH_BYTES + 5)  # written on the calling thread, from a view
+    old = os.umask(0o077)  # a umask that would clear group and other bits
+    try:
+        with DirectoryWriter(tmp_path, files, threads=3) as w:
+            for i, (path, data) in enumerate(files.items()):
+                w.write(path, memoryview(bytearray(data)), executable=i % 5 == 0)
+    finally:
+        os.umask(old)
+    assert w.count == len(files) and not _writers()
+    for i, (path, data) in enumerate(files.items()):
+        p = tmp_path / path
+        assert p.read_bytes() == data
+        assert stat.S_IMODE(p.stat().st_mode) == (0o755 if i % 5 == 0 else 0o644)
+
+
+def test_a_path_written_twice_is_refused_on_the_calling_thread(tmp_path: Path) -> None:
+    with pytest.raises(IntegrityError, match="written twice"):
+        with DirectoryWriter(tmp_path, ["a.txt"]) as w:
+            w.write("a.txt", b"1", False)
+            w.write("a.txt", b"2", False)
+    assert not _writers()
+
+
+def test_a_writer_threads_error_reaches_the_caller_and_no_link_is_followed(tmp_path: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_bytes(b"keep")
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    files = {f"f{i}.txt": b"x" for i in range(500)}
+    with pytest.raises(OSError) as caught:
+        with DirectoryWriter(dest, files, threads=2) as w:
+            os.symlink(outside, dest / "f250.txt")  # O_NOFOLLOW: creating through it fails
+            for path, data in files.items():
+                w.write(path, data, False)
+    assert caught.value.errno is not None
+    assert outside.read_bytes() == b"keep"
+    assert not _writers()
+
+
+def test_leaving_on_an_exception_stops_and_joins_the_writers(tmp_path: Path) -> None:
+    files = {f"f{i}.txt": b"x" * 100 for i in range(5000)}
+    with pytest.raises(RuntimeError, match="caller gave up"):
+        with DirectoryWriter(tmp_path, files, threads=2) as w:
+            for i, (path, data) in enumerate(files.items()):
+                w.write(path, data, False)
+                if i == 3000:
+                    raise RuntimeError("caller gave up")
+    assert not _writers()
+    assert len(list(tmp_path.iterdir())) <= 3001  # nothing written after the caller left
