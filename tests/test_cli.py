@@ -78,3 +78,12 @@ def test_import_snapshot_and_materialize_round_trip_files_and_executable_bits(ho
     assert again.returncode == 2 and "[path.conflict]" in again.stderr
     replaced = _cli(home, "materialize", project_id, str(out), "--replace")
     assert replaced.returncode == 0, replaced.stderr
+
+
+def test_serve_without_a_token_refuses_any_address_but_loopback(home: Path) -> None:
+    home.mkdir()
+    for host in ("0.0.0.0", "10.0.0.1", "::"):
+        run = _cli(home, "serve", "--host", host, "--port", "9")
+        assert run.returncode == 2, (host, run.stdout, run.stderr)
+        assert "auth.required" in run.stderr and f"refusing to serve {host} open" in run.stderr
+        assert "serving on" not in run.stderr

@@ -165,7 +165,7 @@ class EventSource:
         if token:
             headers.append(("Authorization", f"Bearer {token}"))
         if last_event_id:
-            headers.append(("Last-Event-ID", last_event_id))
+            headers.append(("Last-Event-ID", last_event_id.encode("latin-1")))  # as bytes: any octet may come
         self.sock.sendall(self.conn.send(h11.Request(method="GET", target=path, headers=headers))
                           + self.conn.send(h11.EndOfMessage()))
         self.parser = EventStreamParser(last_event_id or "")
@@ -540,7 +540,8 @@ def test_after_works_like_last_event_id_and_a_malformed_id_is_refused(service: S
         for es in (by_query, by_header):  # live events follow the replay
             assert keys(es.read_n(2)) == [("tool.started", 4), ("tool.completed", 4)]
 
-    for bad in ("nonsense", f"{epoch}:", ":5", f"{epoch}:-1", f"{epoch}:1.5", f"{epoch}:x", "x" * 200 + ":1"):
+    for bad in ("nonsense", f"{epoch}:", ":5", f"{epoch}:-1", f"{epoch}:1.5", f"{epoch}:x", "x" * 200 + ":1",
+                f"{epoch}:\u00b2", f"{epoch}:1\u00b9"):  # digits to str.isdigit, not to int()
         with sse(service, f"/v1/turns/{t}/events", last_event_id=bad) as es:
             assert es.status == 422, bad
             assert es.body["code"] == "input.invalid" and es.body["details"]["field"] == "Last-Event-ID"

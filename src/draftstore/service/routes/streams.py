@@ -74,7 +74,7 @@ def _position(last_event_id: str | None, after: int | None) -> tuple[str | None,
     """(epoch or None if the client gave a bare number, n), or None for a fresh client."""
     if last_event_id:
         epoch, sep, n = last_event_id.rpartition(":")
-        if not sep or not n.isdigit() or not epoch or len(last_event_id) > 100 or int(n) > MAX_EVENT_ID:
+        if not sep or not (n.isascii() and n.isdigit()) or not epoch or len(last_event_id) > 100 or int(n) > MAX_EVENT_ID:
             raise E.InvalidInput("Last-Event-ID is not an id this stream sent", field="Last-Event-ID")
         return epoch, int(n)
     if after is not None:

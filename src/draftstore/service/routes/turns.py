@@ -70,7 +70,7 @@ async def write_file(turn_id: str, path: str, request: Request, principal: Princ
     store = request.app.state.store
     limit = store.limits.max_file_bytes
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit:
+    if declared is not None and declared.isascii() and declared.isdigit() and int(declared) > limit:
         raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
     data = bytearray()
     async for chunk in request.stream():

@@ -1,0 +1,88 @@
+"""The service's request-size guard (``service.app.BodyLimit``), at the ASGI level.
+
+A body over the limit is refused with 413 ``payload.too_large`` whether its
+length is declared or it comes chunked with none; the route behind never
+runs, so it never holds more than the limit of one request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+from draftstore.service.app import BodyLimit
+
+
+class _Route:
+    """The app behind the guard: reads the whole body, answers 200 with its length."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.seen: list[Any] = []
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.calls += 1
+        body = b""
+        while True:
+            message = await receive()
+            self.seen.append(message["type"])
+            if message["type"] != "http.request":
+                return
+            body += message.get("body", b"")
+            if not message.get("more_body", False):
+                break
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": str(len(body)).encode()})
+
+
+def _call(headers: list[tuple[bytes, bytes]], chunks: list[bytes], limit: int,
+          disconnect_after: int | None = None) -> tuple[_Route, int, bytes]:
+    """(the route, the status sent or 0 for none, the body sent)"""
+    route = _Route()
+    guard = BodyLimit(route, max_bytes=limit)
+    incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    if disconnect_after is not None:
+        incoming = incoming[:disconnect_after] + [{"type": "http.disconnect"}]
+    sent: list[Any] = []
+
+    async def receive() -> Any:
+        return incoming.pop(0) if incoming else {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/v1/projects", "headers": headers}
+    asyncio.run(guard(scope, receive, send))
+    status = next((m["status"] for m in sent if m["type"] == "http.response.start"), 0)
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return route, status, body
+
+
+CHUNKED = [(b"transfer-encoding", b"chunked"), (b"content-type", b"application/json")]
+
+
+def test_a_chunked_body_over_the_limit_is_refused_before_the_route_runs() -> None:
+    route, status, body = _call(CHUNKED, [b"x" * 400] * 5, limit=1000)
+    assert status == 413 and route.calls == 0
+    answer = json.loads(body)
+    assert answer["code"] == "payload.too_large" and answer["details"]["limit"] == 1000
+
+
+def test_a_chunked_body_within_the_limit_reaches_the_route_whole() -> None:
+    route, status, body = _call(CHUNKED, [b"x" * 300] * 3 + [b""], limit=1000)
+    assert (status, body, route.calls) == (200, b"900", 1)
+    assert route.seen == ["http.request"]  # handed on as one message
+
+
+def test_a_declared_length_over_the_limit_is_refused_unread() -> None:
+    route, status, body = _call([(b"content-length", b"5000")], [b"x" * 5000], limit=1000)
+    assert status == 413 and route.calls == 0 and json.loads(body)["code"] == "payload.too_large"
+    route, status, body = _call([(b"content-length", b"900")], [b"x" * 900], limit=1000)
+    assert (status, body) == (200, b"900")
+
+
+def test_a_client_that_leaves_mid_body_is_heard_as_gone_by_the_route() -> None:
+    route, status, _ = _call(CHUNKED, [b"x" * 100] * 5, limit=1000, disconnect_after=2)
+    assert route.calls == 1 and route.seen == ["http.disconnect"]
+    assert status == 0  # nothing is answered to a client that left
