@@ -10,12 +10,14 @@ from __future__ import annotations
 import os
 import stat
 import threading
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from draftstore import IntegrityError
-from draftstore.dirwriter import _BATCH_BYTES, DirectoryWriter
+from draftstore import IntegrityError, dirwriter
+from draftstore.dirwriter import _BATCH_BYTES, _BATCH_FILES, _QUEUED, DirectoryWriter
 
 
 def _writers() -> list[threading.Thread]:
@@ -63,13 +65,54 @@ def test_a_writer_threads_error_reaches_the_caller_and_no_link_is_followed(tmp_p
     assert not _writers()
 
 
-def test_leaving_on_an_exception_stops_and_joins_the_writers(tmp_path: Path) -> None:
-    files = {f"f{i}.txt": b"x" * 100 for i in range(5000)}
+def test_leaving_on_an_exception_skips_what_is_still_queued(tmp_path: Path, monkeypatch: Any) -> None:
+    real = dirwriter.write_file
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.003)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(dirwriter, "write_file", slow)
+    handed = (1 + _QUEUED) * _BATCH_FILES + 10  # one batch being written, a full queue, a batch being filled
+    files = {f"f{i}.txt": b"x" for i in range(handed + 1)}
     with pytest.raises(RuntimeError, match="caller gave up"):
-        with DirectoryWriter(tmp_path, files, threads=2) as w:
+        with DirectoryWriter(tmp_path, files, threads=1) as w:
             for i, (path, data) in enumerate(files.items()):
-                w.write(path, data, False)
-                if i == 3000:
+                if i == handed:
                     raise RuntimeError("caller gave up")
+                w.write(path, data, False)
     assert not _writers()
-    assert len(list(tmp_path.iterdir())) <= 3001  # nothing written after the caller left
+    # the batch in the writer's hands is finished; the queued ones are not written
+    assert len(list(tmp_path.iterdir())) <= 2 * _BATCH_FILES
+
+
+def test_a_writer_that_failed_stops_the_caller_early_and_never_leaves_it_blocked(tmp_path: Path,
+                                                                                monkeypatch: Any) -> None:
+    real = dirwriter.write_file
+
+    def slow(*args: Any, **kwargs: Any) -> None:
+        time.sleep(0.001)
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(dirwriter, "write_file", slow)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    files = {f"f{i:05d}.txt": b"x" for i in range(20_000)}
+    os.symlink(tmp_path / "elsewhere", dest / "f00000.txt")  # the very first file fails
+    outcome: list[Any] = []
+
+    def produce() -> None:
+        try:
+            with DirectoryWriter(dest, files, threads=1) as w:
+                for path, data in files.items():
+                    w.write(path, data, False)
+        except OSError as exc:
+            outcome.append((exc, w.count))
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    t.join(timeout=60)
+    assert not t.is_alive(), "the caller is blocked on a writer that stopped"
+    [(exc, handed)] = outcome
+    assert handed < len(files)  # told by write(), not only once everything was queued
+    assert not (tmp_path / "elsewhere").exists() and not _writers()

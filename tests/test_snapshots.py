@@ -392,6 +392,25 @@ def test_a_corrupt_bundle_falls_back_to_a_rebuild_and_marks_the_snapshot_failed(
     assert snapshot(fresh, p.id, snap.id).status == "failed"
 
 
+def test_a_bundle_whose_bytes_differ_from_its_digest_is_not_used_even_if_its_files_are_right(
+        store: Store, store_factory: Any, request: pytest.FixtureRequest, tmp_path: Path) -> None:
+    """The object under the bundle's key is replaced by another bundle of the very same
+    files (other tar headers): only the digest check on the read can tell."""
+    p = make_project(store)
+    snap = store.create_snapshot(p.id, "head")
+    good = [(path, data, 0o755 if path in EXECUTABLE else 0o644) for path, data in sorted(FILES.items())]
+    other = bundle(good, pax={"README.md": {"comment": "same files, other bytes"}})
+    assert digest_of(other) != snap.bundle_key
+    corrupt_object(store, request, snap.bundle_key, other)
+    store.cache.clear()
+    fresh = store_factory()
+    out = fresh.materialize(p.id, tmp_path / "m", state="head")
+    assert out.path == "rebuild"
+    assert tree_on_disk(tmp_path / "m") == expected_tree(FILES, set(EXECUTABLE))
+    failed = snapshot(fresh, p.id, snap.id)
+    assert failed.status == "failed" and "checksum" in failed.error
+
+
 def test_a_stale_draft_snapshot_falls_back_to_a_rebuild_and_is_marked_stale(store: Store, tmp_path: Path) -> None:
     p = make_project(store)
     t = store.start_turn(p.id, "first")
@@ -416,7 +435,8 @@ def test_a_stale_draft_snapshot_falls_back_to_a_rebuild_and_is_marked_stale(stor
     assert tree_on_disk(tmp_path / "head") == expected_tree(FILES, set(EXECUTABLE)) and head.path == "rebuild"
 
 
-@pytest.mark.parametrize("tamper", ["duplicate-instead-of-missing", "wrong-content", "extra-member", "symlink",
+@pytest.mark.parametrize("tamper", ["duplicate-instead-of-missing", "wrong-content", "same-size-wrong-content",
+                                    "extra-member", "symlink",
                                     "empty-file-as-link", "escaping-path", "fewer-files", "mode-flipped", "truncated-member",
                                     "truncated-header", "directory-member", "hardlink", "unknown-pax-record",
                                     "global-pax-header", "not-zstd-framed-tar"])
@@ -431,6 +451,9 @@ def test_a_bundle_that_does_not_match_its_tree_is_never_used(store: Store, tmp_p
         members = [m for m in good if m[0] != "src/main.py"] + [good[0]]
     elif tamper == "wrong-content":
         members = [(n, d + b"#" if n == "src/main.py" else d, m) for n, d, m in good]
+    elif tamper == "same-size-wrong-content":  # names and sizes right: only the bytes tell
+        members = [(n, d.replace(b"main", b"evil") if n == "src/main.py" else d, m) for n, d, m in good]
+        assert members != good
     elif tamper == "extra-member":
         members = good + [("src/extra.py", b"EXTRA\n", 0o644)]
     elif tamper == "symlink":
@@ -624,12 +647,9 @@ def test_publish_never_fails_because_of_a_snapshot(store_factory: Any, tmp_path:
     store.blobs.delete(digest_of(b"this blob is lost before the snapshot is built\n"))
     store.cache.clear()
     worker = store_factory()
-    try:
-        worker.run_background()
-    except Exception:  # noqa: BLE001 - the packing of v2 needs the same blob; see test_packs.py
-        pass
+    worker.run_background()  # the packing of v2 needs the same blob: it fails too, on its own (test_packs.py)
     [snap] = worker.list_snapshots(p.id)
-    assert snap.status in ("pending", "failed")
+    assert snap.status == "failed" and "blob.not_found" in snap.error, snap
     # head is published and unaffected; a later publish with snapshots works
     t = worker.start_turn(p.id, "next")
     worker.write_file(t.id, "src/lost.py", b"restored\n")

@@ -17,6 +17,7 @@ import os
 import shutil
 import tarfile
 from collections.abc import Callable, Iterator
+from hashlib import sha256
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,8 @@ class Snapshots:
                  ) -> tuple[int, int]:
         """Write the bundle's files. The bundle is content-addressed (its digest was
         verified as it was read) and was built from this very root; still, every
-        member must be a regular file of the tree with its size, no file twice, and
+        member must be a regular file of the tree with its size and its digest (a row
+        pointing at the wrong bundle must not give a wrong tree), no file twice, and
         every file of the tree must be in it, or ``IntegrityError`` is raised and the
         bundle is not used (never a wrong tree). Modes come from the tree, never from
         the bundle. ``expected``: the tree's files (path -> stat). Memory stays near one
@@ -239,6 +241,8 @@ class Snapshots:
                 st = expected.get(path)
                 if st is None or data.nbytes != st.size:
                     raise E.IntegrityError(f"bundle member {path[:200]!r} is not a file of the tree")
+                if sha256(data).hexdigest() != st.digest:  # a bundle of another tree, or tampered with
+                    raise E.IntegrityError(f"bundle member {path[:200]!r} does not hold the tree's bytes")
                 writer.write(path, data, st.executable)
                 total += st.size
                 if progress and writer.count % _CHUNK == 0:
