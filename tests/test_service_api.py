@@ -156,10 +156,11 @@ def test_a_turn_from_first_message_to_a_forked_copy(service: Service) -> None:
         "draft", turn["draft_id"], characters, world)
     assert ok(c.get(f"/v1/projects/{pid}/view/find", params={"glob": "**/*.py"})) == {
         "paths": ["src/dragon.py", "src/nest/egg.py"], "truncated": False}
-    assert [(e["name"], e["kind"]) for e in ok(c.get(f"/v1/projects/{pid}/view/list"))] == [
+    assert [(e["name"], e["kind"]) for e in ok(c.get(f"/v1/projects/{pid}/view/list"))["items"]] == [
         ("assets", "dir"), ("src", "dir")]
-    assert [(e["path"], e["kind"]) for e in ok(c.get(f"/v1/projects/{pid}/view/list", params={"dir": "src"}))] == [
-        ("src/dragon.py", "file"), ("src/nest", "dir")]
+    listed = ok(c.get(f"/v1/projects/{pid}/view/list", params={"dir": "src"}))
+    assert [(e["path"], e["kind"]) for e in listed["items"]] == [("src/dragon.py", "file"), ("src/nest", "dir")]
+    assert listed["next_cursor"] is None
     found = ok(c.get(f"/v1/projects/{pid}/view/search",
                      params={"q": r"hp = \d+", "regex": "true", "glob": "src/**", "context": 1}))
     assert [(m["path"], m["line_number"], m["line"], m["before"]) for m in found["matches"]] == [
@@ -324,6 +325,47 @@ def test_lists_and_turn_ends_leave_the_tool_history_out_rather_than_show_it_empt
 
 
 # -- paging ---------------------------------------------------------------------------------------
+def test_directory_listings_diffs_and_snapshots_are_paged_too(service: Service) -> None:
+    c, store = service.client(), service.store
+    names = [f"f{i:03d}.txt" for i in range(230)]
+    p = store.create_project(f"wide-{random_token(4)}", files={f"many/{n}": f"{n}\n" for n in names},
+                             characters={"hero": {"hp": 1}})
+    url = f"/v1/projects/{p.id}/view/list"
+    assert [e["name"] for e in walk(c, url, limit=100, dir="many")] == names
+    assert [e["name"] for e in walk(c, url, limit=1, at="head")] == ["many"]
+    first = ok(c.get(url, params={"dir": "many"}))
+    assert len(first["items"]) == 50 and first["next_cursor"]  # a default page, never the whole directory
+    for bad in ({"limit": 201}, {"limit": 0}, {"cursor": "bogus"},
+                {"cursor": ok(c.get(f"/v1/projects/{p.id}/versions", params={"limit": 1}))["next_cursor"] or "x"}):
+        err(c.get(url, params={"dir": "many", **bad}), 422, "input.invalid")
+
+    # a diff of 230 changed files (and the characters): in pages, contents read for the page only
+    t = store.start_turn(p.id, "touch them all")
+    store.apply_changes(t.id, {f"many/{n}": f"{n} changed\n" for n in names})
+    store.patch_characters(t.id, {"hero": {"hp": 2}})
+    store.complete_turn(t.id, "ok")
+    diff_url = f"/v1/projects/{p.id}/diff"
+    pages, cursor = [], None
+    while True:
+        page = ok(c.get(diff_url, params={"a": "head", "b": "draft", "limit": 100, **({"cursor": cursor} if cursor else {})}))
+        pages.append(page)
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert [len(pg["files"]) for pg in pages] == [100, 100, 30]
+    assert [f["path"] for pg in pages for f in pg["files"]] == [f"many/{n}" for n in names]
+    assert all("+f" in f["unified"] for pg in pages for f in pg["files"])
+    assert pages[0]["characters"] and not pages[1]["characters"] and not pages[2]["characters"]
+    assert len(ok(c.get(diff_url, params={"a": "head", "b": "draft"}))["files"]) == 50
+    err(c.get(diff_url, params={"a": "head", "b": "draft", "limit": 500}), 422, "input.invalid")
+    whole = store.diff(f"head:{p.id}", f"draft:{p.id}")  # the library, unpaged: everything
+    assert len(whole.files) == 230 and whole.next_cursor is None
+
+    made = [store.record_snapshot(p.id, "head", f"ext:{i}").id for i in range(5)]
+    assert [s["id"] for s in walk(c, f"/v1/projects/{p.id}/snapshots", limit=2)] == made
+    assert [s.id for s in store.page_snapshots(p.id, limit=3).items] == made[:3]
+
+
 def test_every_list_pages_without_gaps_or_repeats(service: Service) -> None:
     c, store = service.client(), service.store
     tag = f"paged-{random_token(4)}"
@@ -706,7 +748,7 @@ def test_a_snapshot_is_built_and_listed_over_http_and_an_external_one_recorded(s
     ext = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "head", "external_ref": "e2b:snap-42"}).json()
     assert ext["status"] == "ready" and ext["external_ref"] == "e2b:snap-42" and ext["bundle_key"] is None
     listed = c.get(f"/v1/projects/{p['id']}/snapshots").json()
-    assert [s["id"] for s in listed] == [snap["id"], ext["id"]]
+    assert [s["id"] for s in listed["items"]] == [snap["id"], ext["id"]] and listed["next_cursor"] is None
     r = c.post(f"/v1/projects/{p['id']}/snapshots", json={"source": "draft"})  # no draft: the head, as a view
     assert r.status_code == 201 and r.json()["source_kind"] == "version"
     t = c.post(f"/v1/projects/{p['id']}/turns", json={"user_message": "edit"}).json()

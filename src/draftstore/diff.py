@@ -5,6 +5,13 @@ subtree whose digest is the same on both sides, so the work grows with what
 changed, not with project size; an overlay (unsealed draft writes) is
 folded in path by path. Characters and world settings are diffed as JSON
 Patch (RFC 6902) operations.
+
+A diff can be read in pages (``after`` and ``limit``: the changed files in
+path order, after a path): the tree walk and rename detection cover the
+whole change (metadata only), while file contents are read, and text diffs
+made, only for the files of the page. A page also ends once its text diffs
+reach ``PAGE_TEXT_BYTES``, so no page is unbounded in bytes either. The JSON
+Patch operations come with the first page.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ from typing import Any
 
 import jsonpatch
 
+from . import paging
 from .digest import Digest
 from .trees import Entry, FileEntry, TreeReader
 from .view import View
@@ -22,6 +30,7 @@ from .view import View
 __all__ = ["FileDiff", "Diff", "diff_views", "MAX_TEXT_DIFF_BYTES"]
 
 MAX_TEXT_DIFF_BYTES = 1024 * 1024
+PAGE_TEXT_BYTES = 4 * 1024 * 1024  # a page of a diff ends once its text diffs reach this (one file at least)
 
 
 @dataclass(frozen=True)
@@ -51,6 +60,8 @@ class Diff:
     characters: list[dict[str, Any]] = field(default_factory=list)
     world_settings: list[dict[str, Any]] = field(default_factory=list)
     nodes_visited: int = 0  # tree nodes compared: proportional to the change
+    #: read in pages: the cursor of the next page of files (None: this was the last)
+    next_cursor: str | None = None
 
     @property
     def empty(self) -> bool:
@@ -101,8 +112,11 @@ def _text(data: bytes) -> str | None:
         return None
 
 
-def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = True) -> Diff:
-    """What changed from state ``a`` to state ``b``. Reads only changed objects."""
+def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = True,
+               after: str | None = None, limit: int | None = None) -> Diff:
+    """What changed from state ``a`` to state ``b``. Reads only changed objects.
+    With ``limit``: one page, the files after path ``after`` (module docstring),
+    with ``next_cursor`` set when more follow."""
     trees = a.trees
     td = _TreeDiff(trees)
     td.run(a.root, b.root)
@@ -126,10 +140,15 @@ def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = Tr
                 renamed[p] = olds.pop(0)
     gone = set(renamed.values())
     files: list[FileDiff] = []
+    text_bytes = 0
+    more_after: str | None = None
     for path in sorted(changes):
         old, new = changes[path]
-        if path in gone or old == new:
+        if path in gone or old == new or (after is not None and path <= after):
             continue
+        if limit is not None and files and (len(files) >= limit or text_bytes >= PAGE_TEXT_BYTES):
+            more_after = files[-1].path
+            break
         old_path = renamed.get(path)
         if old_path is not None:
             old = changes[old_path][0]
@@ -139,11 +158,14 @@ def diff_views(a: View, b: View, *, text: bool = True, detect_renames: bool = Tr
             continue
         status = "added" if old is None else "deleted" if new is None else "modified"
         files.append(_file_diff(trees, path, status, old, new, text))
+        text_bytes += len(files[-1].unified or "")
+    first = after is None
     return Diff(
         files=files,
-        characters=jsonpatch.make_patch(a.characters, b.characters).patch,
-        world_settings=jsonpatch.make_patch(a.world_settings, b.world_settings).patch,
+        characters=jsonpatch.make_patch(a.characters, b.characters).patch if first else [],
+        world_settings=jsonpatch.make_patch(a.world_settings, b.world_settings).patch if first else [],
         nodes_visited=td.nodes,
+        next_cursor=None if more_after is None else paging.encode("diff", [more_after]),
     )
 
 

@@ -27,6 +27,7 @@ import zstandard
 
 from . import errors as E
 from . import faults
+from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import D, P, S, utcnow
@@ -34,7 +35,7 @@ from .digest import Digest
 from .dirwriter import DirectoryWriter
 from .ids import new_id
 from .packing import Packing
-from .records import Snapshot, SnapshotStatus, aware
+from .records import Page, Snapshot, SnapshotStatus, aware
 from .view import View
 
 __all__ = ["Snapshots", "Materialized"]
@@ -82,6 +83,16 @@ class Snapshots:
             rows = conn.execute(sa.select(S).where(S.c.project_id == project_id)
                                 .order_by(S.c.created_at, S.c.id)).all()
         return [snapshot_record(r) for r in rows]
+
+    def page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Snapshot]:
+        check.project_id(project_id)
+        n = paging.limit(limit)
+        with self.b.tx(read_only=True) as conn:
+            if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
+                raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+            rows = conn.execute(paging.by_creation(S, "snapshots", cursor, n)
+                                .where(S.c.project_id == project_id)).all()
+        return paging.page("snapshots", rows, n, lambda r: (r.created_at, r.id), snapshot_record)
 
     def _insert(self, conn: Any, project_id: str, kind: str, source_id: str, root: str, status: SnapshotStatus,
                 external_ref: str | None = None) -> str:

@@ -13,6 +13,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import errors as E
+from . import paging
 from . import validation as check
 from .backends import Backends
 from .db.tables import C, D, P, T, V
@@ -154,5 +155,10 @@ class States:
         kind = "draft" if view.kind == "draft" else "version"
         return view, kind, (view.draft_id if kind == "draft" else view.version_id) or ""
 
-    def diff(self, a: View | str, b: View | str, *, text: bool, detect_renames: bool) -> Diff:
-        return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames)
+    def diff(self, a: View | str, b: View | str, *, text: bool, detect_renames: bool,
+             cursor: str | None = None, limit: int | None = None) -> Diff:
+        if cursor is None and limit is None:
+            return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames)
+        key = paging.decode("diff", cursor, (str,))
+        return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames,
+                          after=key[0] if key else None, limit=paging.limit(limit))

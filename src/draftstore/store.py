@@ -438,15 +438,19 @@ class Store:
         (the draft, else head); ``head:<project_id>``; ``turn:<turn_id>:start|end``."""
         return self._states.resolve(ref)
 
-    def diff(self, a: View | str, b: View | str, *, text: bool = True, detect_renames: bool = True) -> Diff:
+    def diff(self, a: View | str, b: View | str, *, text: bool = True, detect_renames: bool = True,
+             cursor: str | None = None, limit: int | None = None) -> Diff:
         """What changed from state ``a`` to state ``b`` (see ``resolve`` for references).
 
         Per file: added | modified | deleted | renamed, with a unified diff for
         text files; JSON Patch operations for characters and world settings.
         Identical subtrees are skipped: cost grows with the change, not with
-        project size.
+        project size. With ``cursor`` or ``limit``: one page of the changed files
+        (path order; ``limit`` capped, and a page also ends once its text diffs
+        reach 4 MiB), ``next_cursor`` for the next; the JSON Patch operations come
+        with the first page only.
         """
-        return self._states.diff(a, b, text=text, detect_renames=detect_renames)
+        return self._states.diff(a, b, text=text, detect_renames=detect_renames, cursor=cursor, limit=limit)
 
     # ------------------------------------------------------- snapshots, packs
     def create_snapshot(self, project_id: str, source: str = "head", *, progress: Any = None) -> Snapshot:
@@ -461,6 +465,10 @@ class Store:
     def list_snapshots(self, project_id: str) -> list[Snapshot]:
         """The project's snapshots, oldest first (a cache: any of them may be deleted)."""
         return self._snapshots.list(project_id)
+
+    def page_snapshots(self, project_id: str, cursor: str | None = None, limit: int | None = None) -> Page[Snapshot]:
+        """One page of ``list_snapshots``, ``next_cursor`` for the next."""
+        return self._snapshots.page(project_id, cursor, limit)
 
     def materialize(self, project_id: str, dest_dir: Any, state: str = "draft", *, replace: bool = False,
                     progress: Any = None, use_snapshot: bool = True) -> Materialized:

@@ -8,15 +8,18 @@ see newer writes.
 
 from __future__ import annotations
 
+import bisect
 import copy
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
+from . import paging
 from .digest import Digest
 from .errors import PathNotFound, PatternInvalid
 from .paths import normalize_dir, normalize_path
+from .records import Page
 from .search import Searcher, SearchResult, compile_glob, glob_base
 from .searchindex import required_trigrams
 from .settings import Limits
@@ -215,6 +218,17 @@ class View:
             else:
                 entries.pop(name, None)
         return [entries[n] for n in sorted(entries)]
+
+    def page_dir(self, path: str = "", cursor: str | None = None, limit: int | None = None) -> Page[DirEntry]:
+        """One page of ``list_dir(path)`` (by name; ``limit`` capped at ``paging.MAX_LIMIT``),
+        ``next_cursor`` for the next. Raises like ``list_dir``, and ``input.invalid``
+        for a cursor of another list."""
+        key = paging.decode("dir", cursor, (str,))
+        n = paging.limit(limit)
+        entries = self.list_dir(path)
+        if key is not None:
+            entries = entries[bisect.bisect_right([e.name for e in entries], key[0]):]
+        return paging.page("dir", entries[:n + 1], n, lambda e: [e.name], lambda e: e)
 
     def find_files(self, glob: str = "**", limit: int = 1000) -> PathList:
         """Paths matching ``glob`` (see ``draftstore.search`` for the rules), sorted,

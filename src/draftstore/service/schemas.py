@@ -10,11 +10,16 @@ from __future__ import annotations
 
 import base64
 import binascii
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import errors as E
+
+# the query parameters of every paged list
+Cursor = Annotated[str | None, Query(description="from the previous page's next_cursor")]
+Limit = Annotated[int | None, Query(ge=1, le=200)]
 
 __all__ = [
     "CreateProject", "StartTurn", "Complete", "Interrupt", "Fail", "ToolStart", "ToolComplete", "ToolFail",

@@ -8,17 +8,16 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from ... import errors as E
+from ... import paging
 from ...diff import Diff
 from ...records import Draft, HeadMove, Page, Project, Role, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Actor, CreateProject, Fork, Publish, Rollback, decode_files
+from ..schemas import Actor, CreateProject, Cursor, Fork, Limit, Publish, Rollback, decode_files
 from .states import observer_ref
 
 router = APIRouter(prefix="/v1", tags=["projects"])
 
-Cursor = Annotated[str | None, Query(description="from the previous page's next_cursor")]
-Limit = Annotated[int | None, Query(ge=1, le=200)]
 Order = Annotated[Literal["oldest", "newest"], Query(description="oldest first (the default) or newest first; "
                                                                  "a cursor belongs to the order it came from")]
 
@@ -85,13 +84,15 @@ def list_head_moves(project_id: str, store: StoreDep, cursor: Cursor = None, lim
 
 
 @router.get("/projects/{project_id}/diff", response_model=Diff, response_class=JSON)
-def diff(project_id: str, a: str, b: str, store: StoreDep, text: bool = True,
-         principal: Principal = Allow(*ANY)) -> JSON:
+def diff(project_id: str, a: str, b: str, store: StoreDep, text: bool = True, cursor: Cursor = None,
+         limit: Limit = None, principal: Principal = Allow(*ANY)) -> JSON:
     """Diff between two states: version ids, ``draft``, ``head``, ``version:<id>``,
-    ``turn:<id>:start|end`` (observers: published versions only)."""
+    ``turn:<id>:start|end`` (observers: published versions only). Paged: the changed
+    files in path order (a page also ends once its text diffs reach 4 MiB), the JSON
+    Patch operations of characters and world settings with the first page."""
     project_scope(principal, project_id)
     refs = [observer_ref(store, principal, project_id, ref) for ref in (a, b)]
-    return JSON(store.diff(refs[0], refs[1], text=text))
+    return JSON(store.diff(refs[0], refs[1], text=text, cursor=cursor, limit=limit or paging.DEFAULT_LIMIT))
 
 
 @router.post("/projects/{project_id}/publish", status_code=201, response_model=Version, response_class=JSON)

@@ -6,10 +6,10 @@ from fastapi import APIRouter
 from pydantic import Field
 from ..threads import run_sync
 
-from ...records import Snapshot
+from ...records import Page, Snapshot
 from ..auth import AGENT, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Body
+from ..schemas import Body, Cursor, Limit
 
 router = APIRouter(prefix="/v1/projects/{project_id}/snapshots", tags=["snapshots"])
 
@@ -20,10 +20,12 @@ class CreateSnapshot(Body):
                                                        "provider's id) instead of building a bundle")
 
 
-@router.get("", response_model=list[Snapshot], response_class=JSON)
-def list_snapshots(project_id: str, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
+@router.get("", response_model=Page[Snapshot], response_class=JSON)
+def list_snapshots(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
+                   principal: Principal = Allow(*AGENT)) -> JSON:
+    """The project's snapshots, oldest first, paged."""
     project_scope(principal, project_id)
-    return JSON(store.list_snapshots(project_id))
+    return JSON(store.page_snapshots(project_id, cursor, limit))
 
 
 @router.post("", status_code=201, response_model=Snapshot, response_class=JSON)

@@ -13,12 +13,13 @@ from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from ... import errors as E
-from ...records import Role
+from ...records import Page, Role
 from ...search import SearchResult
 from ...store import Store
 from ...view import DirEntry, FileStat, PathList, View
 from ..auth import ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
+from ..schemas import Cursor, Limit
 
 router = APIRouter(prefix="/v1/projects/{project_id}/view", tags=["view"])
 
@@ -79,10 +80,11 @@ def stat(project_id: str, path: str, store: StoreDep, at: At = "draft", principa
     return JSON(_view(store, principal, project_id, at).stat(path))
 
 
-@router.get("/list", response_model=list[DirEntry], response_class=JSON)
-def list_dir(project_id: str, store: StoreDep, dir: str = "", at: At = "draft",
-             principal: Principal = Allow(*ANY)) -> JSON:
-    return JSON(_view(store, principal, project_id, at).list_dir(dir))
+@router.get("/list", response_model=Page[DirEntry], response_class=JSON)
+def list_dir(project_id: str, store: StoreDep, dir: str = "", at: At = "draft", cursor: Cursor = None,
+             limit: Limit = None, principal: Principal = Allow(*ANY)) -> JSON:
+    """A directory's entries by name, paged."""
+    return JSON(_view(store, principal, project_id, at).page_dir(dir, cursor, limit))
 
 
 @router.get("/find", response_class=JSON)

@@ -8,6 +8,18 @@ import {LIMITS} from "./project.js";
 import {attempt, errorBox} from "./ui.js";
 
 const CONTEXT = 3; // unchanged lines kept around a change in the JSON documents
+const MAX_FILES = 2000; // changed files shown; the route is paged, the page stops asking after these
+
+// the diff's pages (files in path order) up to MAX_FILES files; next_cursor set when more are left
+async function diffPages(url, signal) {
+  const diff = await get(`${url}&limit=200`, {signal});
+  while (diff.next_cursor && diff.files.length < MAX_FILES && !signal.aborted) {
+    const more = await get(`${url}&limit=200&cursor=${enc(diff.next_cursor)}`, {signal});
+    diff.files.push(...more.files);
+    diff.next_cursor = more.next_cursor;
+  }
+  return diff;
+}
 
 export async function diffPage(main, ctx, projectId, params) {
   const base = `/v1/projects/${enc(projectId)}`;
@@ -58,7 +70,7 @@ export async function diffPage(main, ctx, projectId, params) {
     result);
 
   const [diff, err] = await attempt(
-    get(`${base}/diff?a=${enc(a)}&b=${enc(b)}`, {signal: ctx.signal}), result, `Diff ${label(a)} → ${label(b)}`);
+    diffPages(`${base}/diff?a=${enc(a)}&b=${enc(b)}`, ctx.signal), result, `Diff ${label(a)} → ${label(b)}`);
   if (err || ctx.signal.aborted) return;
 
   const docs = diff.characters.length || diff.world_settings.length
@@ -71,7 +83,8 @@ export async function diffPage(main, ctx, projectId, params) {
   replace(result,
     h("p.summary", {id: "diff-summary"},
       h("strong", label(a)), " → ", h("strong", label(b)), ": ",
-      diff.files.length ? `${diff.files.length} file${diff.files.length === 1 ? "" : "s"} changed` : "no file changed",
+      diff.files.length ? `${diff.files.length}${diff.next_cursor ? "+" : ""} file${diff.files.length === 1 ? "" : "s"} changed` : "no file changed",
+      diff.next_cursor ? ` (the first ${diff.files.length} shown)` : "",
       Object.keys(counts).length ? ` (${Object.entries(counts).map(([k, n]) => `${n} ${k}`).join(", ")})` : "",
       `; characters: ${diff.characters.length ? `${diff.characters.length} change${diff.characters.length === 1 ? "" : "s"}` : "unchanged"}`,
       `; world settings: ${diff.world_settings.length ? `${diff.world_settings.length} change${diff.world_settings.length === 1 ? "" : "s"}` : "unchanged"}.`),
