@@ -10,6 +10,8 @@ end, with real OS processes.
 from __future__ import annotations
 
 import os
+import random
+import re
 import socket
 import sqlite3
 import subprocess
@@ -398,6 +400,61 @@ def test_forgetting_a_heartbeat_ends_it_at_once(coordinator: Coordinator) -> Non
     coordinator.forget("turn:t9")
     assert not coordinator.alive("turn:t9")
     coordinator.forget("turn:t9")  # absent is fine
+
+
+# -- texts ----------------------------------------------------------------------------------------
+def test_a_text_grows_by_appends_in_order_and_is_dropped(coordinator: Coordinator) -> None:
+    key = f"partial:{random.random()}"
+    assert coordinator.get_text(key) is None
+    assert coordinator.append_text(key, "héllo", ttl_s=60, max_bytes=100) == 6  # UTF-8 bytes
+    assert coordinator.append_text(key, " wörld", ttl_s=60, max_bytes=100) == 13
+    assert coordinator.append_text(key, "", ttl_s=60, max_bytes=100) == 13
+    assert coordinator.get_text(key) == "héllo wörld"
+    coordinator.drop_text(key)
+    assert coordinator.get_text(key) is None
+    coordinator.drop_text(key)  # absent is fine
+    assert coordinator.append_text(key, "again", ttl_s=60, max_bytes=100) == 5
+    assert coordinator.get_text(key) == "again"
+    coordinator.drop_text(key)
+
+
+def test_an_append_past_the_cap_is_refused_and_changes_nothing(coordinator: Coordinator) -> None:
+    key = f"partial:{random.random()}"
+    assert coordinator.append_text(key, "x" * 8, ttl_s=60, max_bytes=10) == 8
+    assert coordinator.append_text(key, "ééé", ttl_s=60, max_bytes=10) == -1  # 6 bytes: over
+    assert coordinator.get_text(key) == "x" * 8
+    assert coordinator.append_text(key, "yz", ttl_s=60, max_bytes=10) == 10  # exactly the cap
+    assert coordinator.get_text(key) == "x" * 8 + "yz"
+    coordinator.drop_text(key)
+
+
+def test_a_text_expires_ttl_after_its_last_append(coordinator: Coordinator) -> None:
+    key = f"partial:{random.random()}"
+    coordinator.append_text(key, "a", ttl_s=0.4, max_bytes=100)
+    time.sleep(0.25)
+    coordinator.append_text(key, "b", ttl_s=0.4, max_bytes=100)  # extends it
+    time.sleep(0.25)
+    assert coordinator.get_text(key) == "ab"
+    time.sleep(0.3)
+    assert coordinator.get_text(key) is None
+    assert coordinator.append_text(key, "c", ttl_s=60, max_bytes=100) == 1  # expired: it starts again
+    assert coordinator.get_text(key) == "c"
+    coordinator.drop_text(key)
+
+
+def test_appends_from_many_threads_lose_nothing(coordinator: Coordinator) -> None:
+    key = f"partial:{random.random()}"
+
+    def appender(i: int) -> None:
+        for j in range(50):
+            assert coordinator.append_text(key, f"<{i}:{j}>", ttl_s=60, max_bytes=1_000_000) > 0
+
+    assert _run_threads(4, appender) == []
+    text = coordinator.get_text(key)
+    for i in range(4):
+        mine = [int(m) for m in re.findall(rf"<{i}:(\d+)>", text)]
+        assert mine == list(range(50))  # every append, each thread's in its order
+    coordinator.drop_text(key)
 
 
 # -- Redis specifics -------------------------------------------------------------------------------
@@ -800,7 +857,7 @@ def test_a_version_1_file_is_upgraded_in_place_and_its_streams_are_legacy(tmp_pa
     coord = SqliteCoordinator(path)
     try:
         with sqlite3.connect(path) as raw:
-            assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+            assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
             assert raw.execute("SELECT epoch FROM streams").fetchall() == [(LEGACY_EPOCH,)]
         raw.close()
         old = coord.tail("turn:old")
@@ -851,7 +908,7 @@ def test_a_coordinator_file_from_a_newer_release_is_refused_not_misread(tmp_path
     path = tmp_path / "coord.db"
     SqliteCoordinator(path).close()
     with sqlite3.connect(path) as raw:
-        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
         raw.execute("PRAGMA user_version = 99")
     raw.close()
     with pytest.raises(BackendError, match="v99"):

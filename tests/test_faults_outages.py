@@ -902,6 +902,30 @@ def test_pg_connection_killed_inside_each_transaction_leaves_no_partial_state_an
     print(f"pg in-transaction kills: {kills}; each failed backend.unavailable, state unchanged, retry succeeded")
 
 
+def test_an_interrupt_whose_connection_is_killed_keeps_the_streamed_text_for_its_retry(
+        pg_store: Store, killer: PgKiller, monkeypatch):
+    store = pg_store
+    kills: list[int] = []
+    real_point = faults.point
+
+    def point(name: str) -> None:
+        if name == "turn.end.before_commit" and not kills:
+            kills.append(killer.kill("state = 'idle in transaction'"))
+        real_point(name)
+
+    monkeypatch.setattr(faults, "point", point)
+    p = store.create_project(f"pg-text-{token(3)}", files={"main.py": b"print(1)\n"})
+    t = store.start_turn(p.id, "talk")
+    for piece in ("The dragon ", "wakes ", "and "):
+        store.append_delta(t.id, piece)
+    with pytest.raises(E.BackendUnavailable):
+        store.interrupt_turn(t.id)
+    assert kills == [1] and store.get_turn(t.id).status == "running"
+    ended = store.interrupt_turn(t.id)  # the retry: the text streamed before the failed end is all there
+    assert ended.status == "interrupted" and ended.partial_response == {"text": "The dragon wakes and "}
+    assert store.get_turn(t.id).partial_response == {"text": "The dragon wakes and "}
+
+
 def test_pg_connections_killed_while_long_writes_turn_ends_and_publishes_run(
         pg_db: PostgresDatabase, real_s3: S3Service, real_redis: RedisServer, opened: Callable[..., Store]):
     stack = stack_of(pg_db, real_s3.url(f"t-{token()}"), real_redis.url(token()))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import signal
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -157,6 +158,31 @@ def test_a_turn_whose_text_streamed_through_one_process_takes_no_more_text_there
     assert r.status_code == 409 and r.json()["code"] == "turn.not_running", r.text
     events = wait_buffered(ca, t, ends_with("turn.interrupted"))
     assert [e["data"]["text"] for e in events if e["type"] == "assistant.delta"] == ["B streams the assistant's text"]
+
+
+def test_text_streamed_through_both_processes_is_all_in_the_partial_response_in_order(service_factory):
+    """Deltas of one turn reach whichever replica (or worker) the balancer picks: the text the
+    running turn shows, and the one an interrupt saves, hold every piece, in order."""
+    a, b, ca, cb = two(service_factory)
+    p = new_project(ca)
+    t = start_turn(ca, p)
+    pieces = [f"p{i:02d} " for i in range(40)]
+    for i, piece in enumerate(pieces):
+        if i == 20:
+            time.sleep(1.2)  # the next deltas are due a refresh, in both processes
+        delta((ca, cb)[i % 2], t, piece)
+    # refreshed while running (at most once a second, by either process): the text so far, never a patchwork
+    shown = (ca.get(f"/v1/turns/{t}").json()["partial_response"] or {}).get("text", "")
+    assert shown.startswith("".join(pieces[:21])) and "".join(pieces).startswith(shown), shown
+    r = cb.post(f"/v1/turns/{t}/interrupt")
+    assert r.status_code == 200, r.text
+    assert r.json()["partial_response"] == {"text": "".join(pieces)}
+    for c in (ca, cb):
+        assert c.get(f"/v1/turns/{t}").json()["partial_response"] == {"text": "".join(pieces)}
+    # the next turn starts with no text left over
+    t2 = start_turn(ca, p, cont=True)
+    delta(cb, t2, "fresh")
+    assert ca.post(f"/v1/turns/{t2}/interrupt").json()["partial_response"] == {"text": "fresh"}
 
 
 def test_a_subscriber_on_one_process_sees_a_turn_driven_through_the_other(service_factory):

@@ -15,7 +15,6 @@ import shutil
 import stat
 import struct
 import tarfile
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -149,6 +148,8 @@ def test_materialize_writes_the_exact_tree_whatever_the_umask(store: Store, tmp_
     assert tree_on_disk(parent / "dest") == want
     assert tree_on_disk(parent / "by-version") == want
     assert tree_on_disk(parent / "by-draft") == want
+    assert (by_version.source_kind, by_version.source_id) == ("version", p.current_version_id)
+    assert (by_draft.source_kind, by_draft.source_id) == ("version", p.current_version_id)  # no draft: head
     assert sorted(os.listdir(parent)) == sorted(before + ["dest", "by-version", "by-draft"])
     assert (parent / "neighbour.txt").read_bytes() == b"keep me\n"
     assert out.path == "rebuild" and out.snapshot_id is None  # no snapshot exists yet

@@ -1,21 +1,24 @@
 """Assistant text deltas of a running turn: streamed to its SSE buffer, never a row per delta.
 
 A backend running a turn sends the model's text as it comes (``append``).
-Each delta is one event (``assistant.delta``) in the turn's buffer; the text
-so far is kept in this process and written to ``partial_response_json`` (of
-the turn and of its draft) at most once every ``flush_interval_s`` and when
-the turn is interrupted. It is a UI cache, never model context: deltas of one
-turn are expected from one process (the one running the turn). A delta is in
-the buffer when ``append`` returns (it is recorded nowhere else): a process
-killed after acknowledging it loses nothing, and a coordinator that refuses it
-makes ``append`` raise (``backend.unavailable``), so the sender can retry.
+Each delta is one event (``assistant.delta``) in the turn's buffer, and is
+appended to the turn's text in the coordinator, which every process shares:
+a service with several workers receives one turn's deltas on any of them. The
+text so far is written to ``partial_response_json`` (of the turn and of its
+draft) at most once every ``flush_interval_s`` across all processes (the one
+that takes the coordinator's short-lived flush lock writes it), and when the
+turn is interrupted. It is a UI cache, never model context. A delta is in the
+buffer and in the text when ``append`` returns (it is recorded nowhere else):
+a process killed after acknowledging it loses nothing, and a coordinator that
+refuses it makes ``append`` raise (``backend.unavailable``), so the sender can
+retry. The text is dropped once the turn's end is committed, never before: an
+end that fails leaves it for the retry.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,21 +32,20 @@ from .records import TurnStatus
 __all__ = ["Deltas"]
 
 MAX_DELTA_CHARS = 64 * 1024
+TEXT_TTL_S = 24 * 3600.0  # a running turn's text in the coordinator: renewed by each delta, dropped at the end
 
 
-@dataclass
-class _Partial:
-    text: list[str] = field(default_factory=list)
-    size: int = 0
-    flushed_at: float = 0.0
-    dirty: bool = False
+def _text_key(turn_id: str) -> str:
+    return f"partial:{turn_id}"
 
 
 class Deltas:
     def __init__(self, b: Backends, flush_interval_s: float = 1.0) -> None:
         self.b = b
         self.flush_interval_s = flush_interval_s
-        self._partials: dict[str, _Partial] = {}
+        # turn -> when this process last flushed its text, or tried (monotonic): it asks for
+        # the coordinator's flush lock at most once an interval per turn
+        self._flushed: dict[str, float] = {}
         self._lock = threading.Lock()
         self._status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
 
@@ -58,30 +60,31 @@ class Deltas:
         if status is None:
             raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
         if status != TurnStatus.RUNNING:
-            self.take(turn_id)
+            self.forget(turn_id)
             raise E.TurnNotRunning(f"turn {turn_id} is {status}; it takes no more text",
                                    turn_id=turn_id, status=status)
-        with self._lock:
-            partial = self._partials.setdefault(turn_id, _Partial(flushed_at=time.monotonic()))
-        with self._lock:
-            if partial.size + len(text) > self.b.limits.max_json_state_bytes // 2:
-                raise E.PayloadTooLarge("the turn's partial response is too large", field="text",
-                                        limit=self.b.limits.max_json_state_bytes // 2)
-            partial.text.append(text)
-            partial.size += len(text)
-            partial.dirty = True
-            due = time.monotonic() - partial.flushed_at >= self.flush_interval_s
+        cap = self.b.limits.max_json_state_bytes // 2
+        if self.b.coord.append_text(_text_key(turn_id), text, TEXT_TTL_S, cap) < 0:
+            raise E.PayloadTooLarge("the turn's partial response is too large", field="text", limit=cap)
         # in the buffer before this returns: a delta lives nowhere else (see events.append_now)
         self.b.append_now(f"turn:{turn_id}", "assistant.delta", {"turn_id": turn_id, "text": text})
-        if due:
-            self._flush(turn_id, partial)
-
-    def _flush(self, turn_id: str, partial: _Partial) -> None:
+        now = time.monotonic()
         with self._lock:
-            if not partial.dirty:
-                return
-            value = {"text": "".join(partial.text)}
-            partial.dirty, partial.flushed_at = False, time.monotonic()
+            last = self._flushed.setdefault(turn_id, now)
+            due = now - last >= self.flush_interval_s
+            if due:
+                self._flushed[turn_id] = now
+        if due:
+            self._flush(turn_id)
+
+    def _flush(self, turn_id: str) -> None:
+        try:  # held for one interval and never released: one flush an interval, whichever process
+            self.b.coord.acquire(f"partial-flush:{turn_id}", ttl_s=self.flush_interval_s, timeout_s=0)
+        except E.LockTimeout:
+            return
+        value = self.peek(turn_id)
+        if value is None:
+            return
         doc = check.json_value("partial_response", value, self.b.limits.max_json_state_bytes)
         with self.b.tx() as conn:
             row = conn.execute(T.update().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING.value)
@@ -89,11 +92,16 @@ class Deltas:
             if row is not None:
                 conn.execute(D.update().where(D.c.id == row.draft_id).values(partial_response_json=doc))
         if row is None:
-            self.take(turn_id)
+            self.forget(turn_id)
             raise E.TurnNotRunning(f"turn {turn_id} is no longer running", turn_id=turn_id)
 
-    def take(self, turn_id: str) -> dict[str, str] | None:
-        """The text so far (``{"text": ...}``), forgetting it: the turn is ending."""
+    def peek(self, turn_id: str) -> dict[str, str] | None:
+        """The text so far (``{"text": ...}``), from every process's deltas; None if none."""
+        text = self.b.coord.get_text(_text_key(turn_id))
+        return {"text": text} if text else None
+
+    def forget(self, turn_id: str) -> None:
+        """The turn has ended (committed): drop its text."""
         with self._lock:
-            partial = self._partials.pop(turn_id, None)
-        return None if partial is None or not partial.text else {"text": "".join(partial.text)}
+            self._flushed.pop(turn_id, None)
+        self.b.coord.drop_text(_text_key(turn_id))

@@ -135,7 +135,6 @@ class Turns:
         check.turn_id(turn_id)
         message = check.message("assistant_message", assistant_message, self.b.limits)
         turn = self.end(turn_id, TurnStatus.COMPLETED, DraftStatus.PAUSED, {"assistant_message_json": message})
-        self.deltas.take(turn_id)
         return turn
 
     def interrupt(self, turn_id: str, partial_response: Any = None,
@@ -143,19 +142,18 @@ class Turns:
         """Interrupt; ``partial_response`` defaults to the text streamed so far (deltas)."""
         check.turn_id(turn_id)
         values: dict[str, Any] = {"end_reason": reason}
-        partial = partial_response if partial_response is not None else self.deltas.take(turn_id)
+        # the streamed text is read, not taken: if the end fails, a retry finds it still there
+        partial = partial_response if partial_response is not None else self.deltas.peek(turn_id)
         if partial is not None:
             values["partial_response_json"] = check.json_value(
                 "partial_response", partial, self.b.limits.max_json_state_bytes)
         turn = self.end(turn_id, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, values)
-        self.deltas.take(turn_id)
         return turn
 
     def fail(self, turn_id: str, error: Any) -> Turn:
         check.turn_id(turn_id)
         turn = self.end(turn_id, TurnStatus.FAILED, DraftStatus.INTERRUPTED,
                         {"error_json": check.message("error", error, self.b.limits)})
-        self.deltas.take(turn_id)
         return turn
 
     def end(self, turn_id: str, status: TurnStatus, draft_status: DraftStatus, values: dict[str, Any]) -> Turn:
@@ -207,12 +205,13 @@ class Turns:
         return turn_record(row, calls_read)
 
     def ended(self, turn: Turn) -> None:
-        """After the ending transaction committed: drop the heartbeat and the streamed text, tell SSE."""
-        self.deltas.take(turn.id)
-        try:
-            self.b.coord.forget(f"turn:{turn.id}")
-        except E.DraftstoreError:
-            pass
+        """After the ending transaction committed: drop the heartbeat and the streamed text, tell SSE
+        (a coordinator that cannot be reached now leaves them to their TTLs; the end stands)."""
+        for drop in (lambda: self.deltas.forget(turn.id), lambda: self.b.coord.forget(f"turn:{turn.id}")):
+            try:
+                drop()
+            except E.DraftstoreError:
+                pass
         stream = f"turn:{turn.id}"
         self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root})
         self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id})

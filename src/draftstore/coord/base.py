@@ -96,6 +96,12 @@ class Coordinator(Protocol):
       it. SSE replay compares epochs to tell "after n" in this stream from
       "after n" in an earlier one (see ``Tail``).
     - ``beat(key, ttl_s)`` marks key alive for ttl_s; ``alive(key)`` tells.
+    - ``append_text(key, text, ttl_s, max_bytes)`` appends ``text`` to the text
+      ``key`` (absent or expired: empty) and keeps it ``ttl_s`` from now; it
+      returns the text's length in UTF-8 bytes after, or -1, changing nothing,
+      when that would be over ``max_bytes``. ``get_text(key)`` is the text (None:
+      absent or expired); ``drop_text(key)`` deletes it. (A running turn's
+      assistant text, shared by every process its deltas reach.)
     - ``ping()`` returns if the backend can be used, else raises
       ``backend.unavailable`` (a health check; the in-process one never raises).
     """
@@ -121,6 +127,12 @@ class Coordinator(Protocol):
     def alive(self, key: str) -> bool: ...
 
     def forget(self, key: str) -> None: ...
+
+    def append_text(self, key: str, text: str, ttl_s: float, max_bytes: int) -> int: ...
+
+    def get_text(self, key: str) -> str | None: ...
+
+    def drop_text(self, key: str) -> None: ...
 
     def ping(self) -> None: ...
 

@@ -66,6 +66,7 @@ class MemoryCoordinator:
         # entry whose deadline no longer matches _deadlines is stale: skipped.
         self._expiry_queue: list[tuple[float, str]] = []
         self._beats: dict[str, float] = {}
+        self._texts: dict[str, tuple[list[str], int, float]] = {}  # key -> (chunks, UTF-8 bytes, expiry)
         self._since = time.time()
 
     # -- locks -------------------------------------------------------------
@@ -178,6 +179,30 @@ class MemoryCoordinator:
     def forget(self, key: str) -> None:
         with self._cv:
             self._beats.pop(key, None)
+
+    def append_text(self, key: str, text: str, ttl_s: float, max_bytes: int) -> int:
+        size = len(text.encode("utf-8"))
+        now = time.monotonic()
+        with self._cv:
+            chunks, total, expiry = self._texts.get(key) or ([], 0, now)
+            if expiry <= now and chunks:  # expired: it starts again
+                chunks, total = [], 0
+            if total + size > max_bytes:
+                return -1
+            chunks.append(text)
+            self._texts[key] = (chunks, total + size, now + ttl_s)
+            return total + size
+
+    def get_text(self, key: str) -> str | None:
+        with self._cv:
+            entry = self._texts.get(key)
+            if entry is None or entry[2] <= time.monotonic():
+                return None
+            return "".join(entry[0])
+
+    def drop_text(self, key: str) -> None:
+        with self._cv:
+            self._texts.pop(key, None)
 
     def ping(self) -> None:
         """Always usable: it lives in this process."""

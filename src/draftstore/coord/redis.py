@@ -99,6 +99,17 @@ return {redis.call('GET', KEYS[2]), first[1][1], last[1][1], entries}
 """
 
 
+# append to a text unless it would grow past ARGV[3] bytes (-1: refused, unchanged); keep it ARGV[2] ms
+_APPEND_TEXT = """
+local n = redis.call('STRLEN', KEYS[1])
+if n + string.len(ARGV[1]) > tonumber(ARGV[3]) then
+  return -1
+end
+n = redis.call('APPEND', KEYS[1], ARGV[1])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return n
+"""
+
 _SINCE = """
 redis.call('SET', KEYS[1], ARGV[1], 'NX')
 return redis.call('GET', KEYS[1])
@@ -191,6 +202,7 @@ class RedisCoordinator:
         self._append_script = client.register_script(_APPEND)
         self._tail_script = client.register_script(_TAIL)
         self._since_script = client.register_script(_SINCE)
+        self._append_text_script = client.register_script(_APPEND_TEXT)
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> "RedisCoordinator":
@@ -375,6 +387,20 @@ class RedisCoordinator:
     @_mapped("heartbeat forget")
     def forget(self, key: str) -> None:
         self._r.delete(self._key("beat", key))
+
+    # -- texts ----------------------------------------------------------------------------
+    @_mapped("text append")
+    def append_text(self, key: str, text: str, ttl_s: float, max_bytes: int) -> int:
+        return int(self._append_text_script(keys=[self._key("text", key)], args=[text, _ms(ttl_s), max_bytes]))
+
+    @_mapped("text read")
+    def get_text(self, key: str) -> str | None:
+        raw = self._r.get(self._key("text", key))
+        return raw.decode("utf-8") if isinstance(raw, bytes) else raw
+
+    @_mapped("text drop")
+    def drop_text(self, key: str) -> None:
+        self._r.delete(self._key("text", key))
 
     def close(self) -> None:
         """Close pooled connections. Idempotent."""

@@ -13,6 +13,9 @@ Table layout (``PRAGMA user_version`` = schema version, so it can evolve)::
     streams (stream PK, last_id, expires_at?, epoch)  id counter, epoch set at creation; expiry set by expire()
     events  (stream, id, type, data JSON)             PK (stream, id); newest max_events kept
     beats   (key PK, expires_at)                      one row per heartbeat
+    meta    (name PK, value)                          facts about the file (since)
+    texts   (key PK, size, chunks, expires_at)        a text appended to in chunks ...
+    text_chunks (key, n, chunk)                       ... PK (key, n), in order
 
 Opening a file upgrades it in place, in one transaction (v1 -> v2 added
 ``streams.epoch``; streams created before read ``"legacy"``), and refuses a
@@ -76,6 +79,13 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
     (  # v3: facts about the file itself (since: when its state began)
         "CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value TEXT NOT NULL)",
     ),
+    (  # v4: texts appended to in chunks (an append writes its chunk, never the whole text again)
+        "CREATE TABLE IF NOT EXISTS texts (key TEXT PRIMARY KEY, size INTEGER NOT NULL,"
+        " chunks INTEGER NOT NULL, expires_at REAL NOT NULL)",
+        "CREATE TABLE IF NOT EXISTS text_chunks (key TEXT NOT NULL, n INTEGER NOT NULL, chunk TEXT NOT NULL,"
+        " PRIMARY KEY (key, n))",
+        "CREATE INDEX IF NOT EXISTS texts_expiry ON texts (expires_at)",
+    ),
 )
 SCHEMA_VERSION = len(_MIGRATIONS)
 # The epoch is written only when the row is created: an increment keeps it.
@@ -105,6 +115,10 @@ def _drop_expired(db: sqlite3.Connection, now: float, stream: str | None = None)
             db.execute(f"DELETE FROM {table} WHERE {key} IN ({batch})", (now, PURGE_BATCH))
     db.executemany("DELETE FROM events WHERE stream = ?", names)
     db.executemany("DELETE FROM streams WHERE stream = ?", names)
+    if stream is None:
+        keys = db.execute("SELECT key FROM texts WHERE expires_at <= ? LIMIT ?", (now, PURGE_BATCH)).fetchall()
+        db.executemany("DELETE FROM text_chunks WHERE key = ?", keys)
+        db.executemany("DELETE FROM texts WHERE key = ?", keys)
 
 
 @dataclass
@@ -352,6 +366,32 @@ class SqliteCoordinator:
     def forget(self, key: str) -> None:
         with self._write("heartbeat forget") as db:
             db.execute("DELETE FROM beats WHERE key = ?", (key,))
+
+    # -- texts ----------------------------------------------------------------------------
+    def append_text(self, key: str, text: str, ttl_s: float, max_bytes: int) -> int:
+        size = len(text.encode("utf-8"))
+        with self._write("text append") as db:
+            now = time.time()
+            row = db.execute("SELECT size, chunks, expires_at FROM texts WHERE key = ?", (key,)).fetchone()
+            total, chunks = (row[0], row[1]) if row is not None and row[2] > now else (0, 0)
+            if row is not None and row[2] <= now:  # expired: it starts again
+                db.execute("DELETE FROM text_chunks WHERE key = ?", (key,))
+            if total + size > max_bytes:
+                return -1
+            db.execute("INSERT INTO text_chunks VALUES (?, ?, ?)", (key, chunks, text))
+            db.execute("INSERT OR REPLACE INTO texts VALUES (?, ?, ?, ?)", (key, total + size, chunks + 1, now + ttl_s))
+            return total + size
+
+    def get_text(self, key: str) -> str | None:
+        with self._connection("text read") as db:
+            if db.execute("SELECT 1 FROM texts WHERE key = ? AND expires_at > ?", (key, time.time())).fetchone() is None:
+                return None
+            return "".join(c for (c,) in db.execute("SELECT chunk FROM text_chunks WHERE key = ? ORDER BY n", (key,)))
+
+    def drop_text(self, key: str) -> None:
+        with self._write("text drop") as db:
+            db.execute("DELETE FROM text_chunks WHERE key = ?", (key,))
+            db.execute("DELETE FROM texts WHERE key = ?", (key,))
 
     def since(self) -> float:
         with self._write("since") as db:
