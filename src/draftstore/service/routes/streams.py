@@ -40,7 +40,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from ..threads import run_sync
 
@@ -219,20 +219,23 @@ def _wants_json(request: Request) -> bool:
 
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
+LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", description=(
+    "SSE: the id of the last event received (what a browser's EventSource sends when it reconnects); "
+    "the stream continues after it"))]
 
 
 @router.get("/turns/{turn_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
 async def turn_events(turn_id: str, request: Request, store: StoreDep,
                       after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
                       before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
-                      principal: Principal = Allow(*AGENT)) -> Any:
+                      last_event_id: LastEventId = None, principal: Principal = Allow(*AGENT)) -> Any:
     """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
     application/json`` one page ``{events, has_more_before, has_more_after}``."""
     await run_sync(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
     turn = await run_sync(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
     if _wants_json(request):
         return await run_sync(_page, store, f"turn:{turn_id}", after, before, limit, None)
-    position = _position(request.headers.get("last-event-id"), after)
+    position = _position(last_event_id, after)
     ended = turn.status != TurnStatus.RUNNING
     return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None, turn_ended=ended), position)
 
@@ -241,7 +244,7 @@ async def turn_events(turn_id: str, request: Request, store: StoreDep,
 async def project_events(project_id: str, request: Request, store: StoreDep,
                          after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
                          before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
-                         principal: Principal = Allow(*ANY)) -> Any:
+                         last_event_id: LastEventId = None, principal: Principal = Allow(*ANY)) -> Any:
     """Committed events of the project only: ``version.published``, ``head.moved``, ``draft.discarded``.
     An observer never learns of a draft: its stream carries ``version.published`` and ``head.moved`` only,
     and no event that names a draft."""
@@ -251,5 +254,5 @@ async def project_events(project_id: str, request: Request, store: StoreDep,
     types = PUBLISHED if observer else COMMITTED
     if _wants_json(request):
         return await run_sync(_page, store, f"project:{project_id}", after, before, limit, types, observer)
-    position = _position(request.headers.get("last-event-id"), after)
+    position = _position(last_event_id, after)
     return _response(request, _Stream(store, f"project:{project_id}", None, types, no_drafts=observer), position)
