@@ -155,7 +155,7 @@ def test_a_turn_from_first_message_to_a_forked_copy(service: Service) -> None:
     assert (state["kind"], state["draft_id"], state["characters"], state["world_settings"]) == (
         "draft", turn["draft_id"], characters, world)
     assert ok(c.get(f"/v1/projects/{pid}/view/find", params={"glob": "**/*.py"})) == {
-        "paths": ["src/dragon.py", "src/nest/egg.py"], "truncated": False}
+        "paths": ["src/dragon.py", "src/nest/egg.py"], "truncated": False, "next_cursor": None}
     assert [(e["name"], e["kind"]) for e in ok(c.get(f"/v1/projects/{pid}/view/list"))["items"]] == [
         ("assets", "dir"), ("src", "dir")]
     listed = ok(c.get(f"/v1/projects/{pid}/view/list", params={"dir": "src"}))
@@ -338,6 +338,19 @@ def test_directory_listings_diffs_and_snapshots_are_paged_too(service: Service) 
     for bad in ({"limit": 201}, {"limit": 0}, {"cursor": "bogus"},
                 {"cursor": ok(c.get(f"/v1/projects/{p.id}/versions", params={"limit": 1}))["next_cursor"] or "x"}):
         err(c.get(url, params={"dir": "many", **bad}), 422, "input.invalid")
+
+    # find: a cut answer goes on from its cursor, each path once, in order
+    found, cursor = [], None
+    for _ in range(10):
+        page = ok(c.get(f"/v1/projects/{p.id}/view/find", params={"glob": "many/*.txt", "limit": 100,
+                                                               **({"cursor": cursor} if cursor else {})}))
+        assert len(page["paths"]) <= 100 and page["truncated"] == (page["next_cursor"] is not None)
+        found += page["paths"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert found == [f"many/{n}" for n in names]
+    err(c.get(f"/v1/projects/{p.id}/view/find", params={"cursor": first["next_cursor"]}), 422, "input.invalid")
 
     # a diff of 230 changed files (and the characters): in pages, contents read for the page only
     t = store.start_turn(p.id, "touch them all")

@@ -230,17 +230,22 @@ class View:
             entries = entries[bisect.bisect_right([e.name for e in entries], key[0]):]
         return paging.page("dir", entries[:n + 1], n, lambda e: [e.name], lambda e: e)
 
-    def find_files(self, glob: str = "**", limit: int = 1000) -> PathList:
+    def find_files(self, glob: str = "**", limit: int = 1000, after: str | None = None) -> PathList:
         """Paths matching ``glob`` (see ``draftstore.search`` for the rules), sorted,
-        at most ``limit`` (``truncated`` set when cut). Raises ``pattern.invalid``."""
+        at most ``limit`` (``truncated`` set when cut); with ``after``, only the paths
+        after it (the next page of a cut answer). Raises ``pattern.invalid``."""
         rx = compile_glob(glob)
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 1:
             raise PatternInvalid("limit is a positive integer", limit=limit)
+        if after is not None and not isinstance(after, str):
+            raise PatternInvalid("after is a path", after=str(after)[:200])
         base = glob_base(glob)
         out = PathList()
         if base and not self.is_dir(base):
             return out
         for path, _ in self.iter_files(base):
+            if after is not None and path <= after:
+                continue
             if rx.match(path):
                 if len(out) == limit:
                     out.truncated = True

@@ -13,6 +13,7 @@ from fastapi import APIRouter, Query
 from starlette.responses import Response
 
 from ... import errors as E
+from ... import paging
 from ...records import Page, Role
 from ...search import SearchResult
 from ...store import Store
@@ -89,10 +90,15 @@ def list_dir(project_id: str, store: StoreDep, dir: str = "", at: At = "draft", 
 
 @router.get("/find", response_class=JSON)
 def find_files(project_id: str, store: StoreDep, glob: str = "**",
-               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000, at: At = "draft",
+               limit: Annotated[int, Query(ge=1, le=10_000)] = 1000, at: At = "draft", cursor: Cursor = None,
                principal: Principal = Allow(*ANY)) -> JSON:
-    paths: PathList = _view(store, principal, project_id, at).find_files(glob, limit=limit)
-    return JSON({"paths": list(paths), "truncated": paths.truncated})
+    """Paths matching ``glob``, sorted, ``limit`` at a time: ``truncated`` when more match,
+    and ``next_cursor`` to read them."""
+    key = paging.decode("find", cursor, (str,))
+    paths: PathList = _view(store, principal, project_id, at).find_files(glob, limit=limit,
+                                                                        after=key[0] if key else None)
+    return JSON({"paths": list(paths), "truncated": paths.truncated,
+                 "next_cursor": paging.encode("find", [paths[-1]]) if paths.truncated and paths else None})
 
 
 @router.get("/search", response_model=SearchResult, response_class=JSON)
