@@ -95,7 +95,6 @@ class _Stream:
         self.no_drafts = no_drafts  # an observer's stream: no event about a draft
         self.epoch: str | None = None
         self.after = 0
-        self.ended = False
         # the turn had ended when the client connected: once nothing is left to send, the stream ends
         self.end_by = time.monotonic() + END_GRACE_S if turn_ended else None
         self.rebuilt_keys: set[tuple[str, Any]] = set()  # durable events the last rebuild sent
@@ -122,7 +121,11 @@ class _Stream:
         yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": True}).decode(), event="stream.rebuilt",
                               id=cursor if not events else None)
         for i, (type_, data) in enumerate(events):
-            self.ended = self.ended or type_ in TURN_END
+            if type_ in TURN_END and self.end_by is None:
+                # not the end of the stream yet: the buffer may still receive these very events (appended
+                # off the request's path, after this snapshot); the stream reads on, moving the client's
+                # cursor past them, so a reconnect with it repeats nothing
+                self.end_by = time.monotonic() + AFTER_END_S
             yield ServerSentEvent(dumps(data).decode(), event=type_, id=cursor if i == len(events) - 1 else None)
 
     async def start(self, position: tuple[str | None, int] | None) -> AsyncIterator[ServerSentEvent]:
@@ -153,7 +156,7 @@ class _Stream:
             yield e
 
     async def events(self, request: Request) -> AsyncIterator[ServerSentEvent]:
-        while not self.ended:
+        while True:
             if await request.is_disconnected():
                 return
             tail = await self.tail(self.after)
