@@ -362,17 +362,24 @@ def test_record_snapshot_keeps_an_external_ref_and_materialize_does_not_use_it(s
 # =====================================================================================
 # a snapshot is a cache: missing, corrupt, stale and tampered bundles fall back
 # =====================================================================================
+def rebuilt_by_a_fresh_store(store: Store, store_factory: Any, project_id: str, snapshot_id: str,
+                             dest: Path) -> Any:
+    """Materialise head with a fresh store (nothing cached): it must be rebuilt from the blobs,
+    exactly; returns the snapshot's row as that store sees it afterwards."""
+    store.cache.clear()
+    fresh = store_factory()
+    out = fresh.materialize(project_id, dest, state="head")
+    assert out.path == "rebuild"
+    assert tree_on_disk(dest) == expected_tree(FILES, set(EXECUTABLE))
+    return snapshot(fresh, project_id, snapshot_id)
+
+
 def test_a_missing_bundle_falls_back_to_a_rebuild_and_marks_the_snapshot_failed(store: Store, store_factory: Any,
                                                                                 tmp_path: Path) -> None:
     p = make_project(store)
     snap = store.create_snapshot(p.id, "head")
     store.blobs.delete(Digest(snap.bundle_key))
-    store.cache.clear()
-    fresh = store_factory()
-    out = fresh.materialize(p.id, tmp_path / "m", state="head")
-    assert out.path == "rebuild"
-    assert tree_on_disk(tmp_path / "m") == expected_tree(FILES, set(EXECUTABLE))
-    failed = snapshot(fresh, p.id, snap.id)
+    failed = rebuilt_by_a_fresh_store(store, store_factory, p.id, snap.id, tmp_path / "m")
     assert failed.status == "failed" and failed.error
     # a failed snapshot is never tried again
     again = store_factory().materialize(p.id, tmp_path / "again", state="head")
@@ -385,12 +392,7 @@ def test_a_corrupt_bundle_falls_back_to_a_rebuild_and_marks_the_snapshot_failed(
     p = make_project(store)
     snap = store.create_snapshot(p.id, "head")
     corrupt_object(store, request, snap.bundle_key, b"not a bundle at all" * 100)
-    store.cache.clear()
-    fresh = store_factory()
-    out = fresh.materialize(p.id, tmp_path / "m", state="head")
-    assert out.path == "rebuild"
-    assert tree_on_disk(tmp_path / "m") == expected_tree(FILES, set(EXECUTABLE))
-    assert snapshot(fresh, p.id, snap.id).status == "failed"
+    assert rebuilt_by_a_fresh_store(store, store_factory, p.id, snap.id, tmp_path / "m").status == "failed"
 
 
 def test_a_bundle_whose_bytes_differ_from_its_digest_is_not_used_even_if_its_files_are_right(
@@ -403,12 +405,7 @@ def test_a_bundle_whose_bytes_differ_from_its_digest_is_not_used_even_if_its_fil
     other = bundle(good, pax={"README.md": {"comment": "same files, other bytes"}})
     assert digest_of(other) != snap.bundle_key
     corrupt_object(store, request, snap.bundle_key, other)
-    store.cache.clear()
-    fresh = store_factory()
-    out = fresh.materialize(p.id, tmp_path / "m", state="head")
-    assert out.path == "rebuild"
-    assert tree_on_disk(tmp_path / "m") == expected_tree(FILES, set(EXECUTABLE))
-    failed = snapshot(fresh, p.id, snap.id)
+    failed = rebuilt_by_a_fresh_store(store, store_factory, p.id, snap.id, tmp_path / "m")
     assert failed.status == "failed" and "checksum" in failed.error
 
 

@@ -78,8 +78,7 @@ class Snapshots:
     def list(self, project_id: str) -> list[Snapshot]:
         check.project_id(project_id)
         with self.b.tx(read_only=True) as conn:
-            if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
-                raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+            _project_exists(conn, project_id)
             rows = conn.execute(sa.select(S).where(S.c.project_id == project_id)
                                 .order_by(S.c.created_at, S.c.id)).all()
         return [snapshot_record(r) for r in rows]
@@ -88,8 +87,7 @@ class Snapshots:
         check.project_id(project_id)
         n = paging.limit(limit)
         with self.b.tx(read_only=True) as conn:
-            if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
-                raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
+            _project_exists(conn, project_id)
             rows = conn.execute(paging.by_creation(S, "snapshots", cursor, n)
                                 .where(S.c.project_id == project_id)).all()
         return paging.page("snapshots", rows, n, lambda r: (r.created_at, r.id), snapshot_record)
@@ -269,16 +267,21 @@ class Snapshots:
         files = list(view.iter_files())
         total = 0
         with DirectoryWriter(dest, dict(files)) as writer:
-            for i, chunk in enumerate(_chunks(files)):
+            for chunk in _chunks(files):
                 contents = self.b.objects.get_many([st.digest for _, st in chunk])
                 for path, st in chunk:
                     writer.write(path, contents[st.digest], st.executable)
                     total += st.size
-                if progress and i + 1 < -(-len(files) // _CHUNK):
-                    progress(min((i + 1) * _CHUNK, len(files)), len(files))
+                if progress and writer.count < len(files):  # the last report comes once all are written
+                    progress(writer.count, len(files))
         if progress:
             progress(len(files), len(files))
         return len(files), total
+
+
+def _project_exists(conn: Any, project_id: str) -> None:
+    if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
+        raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
 
 
 def _chunks(items: list[Any]) -> Iterator[list[Any]]:

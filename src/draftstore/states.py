@@ -157,8 +157,7 @@ class States:
 
     def diff(self, a: View | str, b: View | str, *, text: bool, detect_renames: bool,
              cursor: str | None = None, limit: int | None = None) -> Diff:
-        if cursor is None and limit is None:
-            return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames)
         key = paging.decode("diff", cursor, (str,))
+        paged = cursor is not None or limit is not None  # else the whole diff, in one answer
         return diff_views(self.resolve(a), self.resolve(b), text=text, detect_renames=detect_renames,
-                          after=key[0] if key else None, limit=paging.limit(limit))
+                          after=key[0] if key else None, limit=paging.limit(limit) if paged else None)
