@@ -173,6 +173,32 @@ def test_max_results_caps_and_says_truncated() -> None:
         assert len(exact) == 5 and not exact.truncated
 
 
+def test_after_goes_on_from_the_last_match_of_a_page() -> None:
+    files = {"a": b"hit\nmiss\nhit hit\n", "b/c": b"hit\n", "d": b"miss\nhit\nhit"}
+    for options in ({}, {"regex": True}, {"ignore_case": True}):
+        whole = lines(search("hit", files, **options))
+        assert [(p, n) for p, n, _ in whole] == [("a", 1), ("a", 3), ("b/c", 1), ("d", 2), ("d", 3)]
+        for size in (1, 2, 4):
+            got, after = [], None
+            for _ in range(10):
+                page = search("hit", files, max_results=size, after=after, **options)
+                got += lines(page)
+                if not page.truncated:
+                    break
+                after = (page.matches[-1].path, page.matches[-1].line_number)
+            assert got == whole, (options, size)
+        # a cursor between files (its file gone meanwhile) goes on with the next path
+        assert [(p, n) for p, n, _ in lines(search("hit", files, after=("b", 7), **options))] == \
+            [("b/c", 1), ("d", 2), ("d", 3)]
+        assert lines(search("hit", files, after=("d", 3), **options)) == []
+
+
+@pytest.mark.parametrize("after", [("a",), ("a", -1), ("a", "1"), (1, 1), ["a", 1], ("a", True)])
+def test_a_malformed_after_is_pattern_invalid(after: Any) -> None:
+    with pytest.raises(PatternInvalid):
+        Searcher("x", after=after)
+
+
 # -- a literal's line-by-line search (the common case) gives grep's lines ------------------
 def grep_lines(needle: str, files: dict[str, bytes], context: int, max_results: int) -> tuple[list[Any], bool]:
     """What ``grep -nF`` reports, written the slow obvious way: the oracle for literal search."""
@@ -216,6 +242,11 @@ def test_a_literal_finds_what_grep_finds(files: dict[str, bytes], needle: str, c
     files = dict(sorted(files.items()))
     literal = search(needle, files, context=context, max_results=max_results)
     assert full(literal) == grep_lines(needle, files, context, max_results)
+    if literal.truncated:  # the next page, from the last match of this one, is grep's next lines
+        everything, _ = grep_lines(needle, files, context, 10_000)
+        last = literal.matches[-1]
+        rest = search(needle, files, context=context, max_results=max_results, after=(last.path, last.line_number))
+        assert full(rest)[0] == everything[max_results:2 * max_results]
     regex = search(re2.escape(needle), files, regex=True, context=context, max_results=max_results)
     assert full(literal) == full(regex)
     assert (literal.files_searched, literal.binary_files_skipped) == (regex.files_searched,

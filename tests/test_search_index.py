@@ -233,6 +233,25 @@ def assert_same_as_scan(store: Store, project_id: str, qs: list[dict[str, Any]],
         got = outcome(indexed_view, q["pattern"], **kw)
         want = outcome(oracle, q["pattern"], **kw)
         assert got == want, f"{where}: indexed search differs from a full scan for {q!r}"
+        if got[0] == "ok" and got[1][1]:  # cut short: the pages that follow, through the cursor
+            whole = outcome(oracle, q["pattern"], **{**kw, "max_results": 1000})
+            if len(whole[1][0]) <= 40:
+                assert paged(indexed_view, q["pattern"], **kw) == whole[1][0], \
+                    f"{where}: the pages of {q!r} differ from one uncut search"
+
+
+def paged(view: Any, pattern: str, **kw: Any) -> list[tuple[str, int, str]]:
+    """Every match, ``max_results`` at a time, each page going on after the last match of the one before."""
+    out: list[tuple[str, int, str]] = []
+    after = None
+    for _ in range(200):
+        res = view.search_code(pattern, after=after, **kw)
+        out += lines(res)
+        if not res.truncated:
+            return out
+        assert res.matches, "a page cut short holds a match to go on from"
+        after = (res.matches[-1].path, res.matches[-1].line_number)
+    raise AssertionError("paging did not end")
 
 
 # bounded: no shrinking (a failure is reported as found, its corpus and query in the notes)

@@ -265,10 +265,12 @@ def _lf_lines(data: bytes) -> bytes:
 class Searcher:
     """One search: a literal or RE2 pattern, context lines and a result cap. ``run`` reports every
     line the pattern matches within (module docstring), in file then line order, at most
-    ``max_results``. Raises ``pattern.invalid`` for a bad pattern or argument, before any search."""
+    ``max_results``; with ``after=(path, line)``, only the lines after that one in that order
+    (the next page of an earlier search). Raises ``pattern.invalid`` for a bad pattern or
+    argument, before any search."""
 
     def __init__(self, pattern: str, *, regex: bool = False, context: int = 0, max_results: int = 100,
-                 ignore_case: bool = False) -> None:
+                 ignore_case: bool = False, after: tuple[str, int] | None = None) -> None:
         if not isinstance(pattern, str) or pattern == "":
             raise PatternInvalid("a search pattern is a non-empty string")
         if len(pattern) > 4096:
@@ -279,6 +281,11 @@ class Searcher:
         if not isinstance(max_results, int) or not 1 <= max_results <= MAX_RESULTS_CAP:
             raise PatternInvalid(f"max_results is an integer from 1 to {MAX_RESULTS_CAP}", max_results=max_results)
         self.context, self.max_results = context, max_results
+        if after is not None and not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[0], str)
+                                      and isinstance(after[1], int) and not isinstance(after[1], bool)
+                                      and after[1] >= 0):
+            raise PatternInvalid("after is a (path, line) pair of the last match reported")
+        self._after = after
         self._needle: bytes | None = None
         if regex or ignore_case:
             opts = _options(ignore_case=ignore_case, literal=not regex)
@@ -304,7 +311,7 @@ class Searcher:
         if needle is not None and b"\n" not in needle:
             return self._run_literal(files, needle)  # the common case: a literal within one line
         result = SearchResult()
-        for path, read in files:
+        for path, read in self._from_cursor(files):
             data = read()
             result.files_searched += 1
             if needle is not None and _sz_find(data, needle) < 0:
@@ -315,9 +322,21 @@ class Searcher:
                 continue
             data = _lf_lines(data)  # before a regex runs: '$' sees CRLF line ends
             hit = self._find(data)
-            if hit is not None and self._add_lines(path, data, hit, result):
+            if hit is not None and self._add_lines(path, data, hit, result, self._skip(path)):
                 break
         return result
+
+    def _from_cursor(self, files: Iterable[tuple[str, Callable[[], bytes]]]
+                     ) -> Iterable[tuple[str, Callable[[], bytes]]]:
+        """The files from the cursor's on (all of them without one)."""
+        if self._after is None:
+            return files
+        first = self._after[0]
+        return (f for f in files if f[0] >= first)
+
+    def _skip(self, path: str) -> int:
+        """Lines of ``path`` up to this number were reported on an earlier page."""
+        return self._after[1] if self._after is not None and path == self._after[0] else 0
 
     def _run_literal(self, files: Iterable[tuple[str, Callable[[], bytes]]], needle: bytes) -> SearchResult:
         """``run`` for a literal without "\\n": every match lies inside one line, so a matching line
@@ -334,7 +353,7 @@ class Searcher:
         before: tuple[str, ...] = ()
         after: tuple[str, ...] = ()
         searched = 0
-        for path, read in files:
+        for path, read in self._from_cursor(files):
             data = read()
             searched += 1
             at = find(data, needle)
@@ -350,6 +369,7 @@ class Searcher:
                     continue
             n = len(data)
             line_number, counted = 1, 0
+            skip = self._skip(path)
             while at >= 0:  # inlined: a Python call per match costs as much as a SIMD search
                 ls = rfind(data, b"\n", 0, at) + 1
                 le = find(data, b"\n", at)
@@ -358,6 +378,9 @@ class Searcher:
                 line_number += (count(data, b"\n", counted, ls) if ls - counted < _NUMPY_COUNT_FROM
                                 else _numpy_count_newlines(data, counted, ls))
                 counted = ls
+                if line_number <= skip:  # reported on an earlier page
+                    at = find(data, needle, le + 1) if le < n else -1
+                    continue
                 if not left:
                     result.truncated = True
                     result.files_searched = searched
@@ -371,7 +394,8 @@ class Searcher:
         result.files_searched = searched
         return result
 
-    def _add_lines(self, path: str, data: bytes, hit: tuple[int, int] | None, result: SearchResult) -> bool:
+    def _add_lines(self, path: str, data: bytes, hit: tuple[int, int] | None, result: SearchResult,
+                   skip: int = 0) -> bool:
         """Add one file's matching lines from its first match ``hit``; True once the cap is exceeded.
         Python work is per candidate line only: one search over the rest of the file finds the next
         match; if it runs past its line's end, a search inside that line alone decides."""
@@ -384,6 +408,9 @@ class Searcher:
             if hit[1] <= le or find(data, ls, le) is not None:
                 line_number += data.count(b"\n", counted, ls)
                 counted = ls
+                if line_number <= skip:  # reported on an earlier page
+                    hit = find(data, le + 1, n) if le < n else None
+                    continue
                 if len(matches) == self.max_results:
                     result.truncated = True
                     return True

@@ -261,6 +261,7 @@ class View:
         context: int = 0,
         max_results: int = 100,
         ignore_case: bool = False,
+        after: tuple[str, int] | None = None,
     ) -> SearchResult:
         """Lines matching ``pattern`` (a literal, or an RE2 regex with ``regex=True``).
 
@@ -271,10 +272,12 @@ class View:
         byte in the first 8 KiB) are skipped. Lines split on "\\n" as in grep;
         each match carries path, 1-based line number, the line and up to
         ``context`` lines before and after. At most ``max_results`` matches;
-        ``truncated`` says more exist. Raises ``pattern.invalid``.
+        ``truncated`` says more exist, and ``after=(path, line)`` of the last
+        match reported goes on from there (the matches that come after it in
+        file then line order). Raises ``pattern.invalid``.
         """
         searcher = Searcher(pattern, regex=regex, context=context, max_results=max_results,
-                            ignore_case=ignore_case)
+                            ignore_case=ignore_case, after=after)
         rx = compile_glob(glob) if glob else None
         base = glob_base(glob) if glob else ""
         if base and not self.is_dir(base):
@@ -287,6 +290,9 @@ class View:
             selected = self._candidates(units, base, complete)
             if rx is not None:
                 selected = [(p, d) for p, d in selected if rx.match(p)]
+        if after is not None:  # files before the cursor's are not read
+            first = after[0]
+            selected = (item for item in selected if item[0] >= first)
         return searcher.run(self._prefetched(iter(selected)))
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
