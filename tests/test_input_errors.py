@@ -244,6 +244,52 @@ def test_a_patch_holding_a_non_json_value_is_refused(store, running, document, v
     assert getattr(store, f"patch_{document}")(t.id, {"a": 1})["a"] == 1  # a good patch still applies
 
 
+def nested(depth: int) -> dict:
+    """An object ``depth`` levels deep (objects and arrays in turn)."""
+    value: object = "leaf"
+    for i in range(depth):
+        value = {"k": value} if i % 2 else [value]
+    return value if isinstance(value, dict) else {"k": value}
+
+
+DEEP = {
+    "create_project": (InvalidInput, lambda s, p, t, doc: s.create_project("deep", characters={"a": doc})),
+    "merge_patch": (PatchInvalid, lambda s, p, t, doc: s.patch_characters(t.id, {"deep": doc})),
+    "json_patch": (PatchInvalid, lambda s, p, t, doc: s.patch_world_settings(
+        t.id, [{"op": "add", "path": "/deep", "value": doc}])),
+    "tool_args": (InvalidInput, lambda s, p, t, doc: s.tool_started(t.id, "x", doc)),
+    "user_message": (InvalidInput, lambda s, p, t, doc: s.start_turn(p.id, doc)),
+}
+
+
+@pytest.mark.parametrize("call", list(DEEP))
+def test_json_nested_past_the_depth_limit_is_refused_and_changes_nothing(store, call):
+    """Arrays and objects more than 200 deep would overflow the stack of whatever walks them
+    later (a JSON Patch, a copy, a reader): refused up front, typed; 200 levels are fine."""
+    p = new_project(store)
+    t = store.start_turn(p.id, "work") if call != "user_message" else None
+    cls, do = DEEP[call]
+    before = snapshot(store, p.id)
+    for depth in (201, 600, 5000):
+        with pytest.raises(InvalidInput) as exc:
+            do(store, p, t, nested(depth))
+        refused(exc, cls, cls.code)
+    assert snapshot(store, p.id) == before
+    do(store, p, t if t is not None else None, nested(195))  # well inside the limit: taken
+
+
+def test_the_depth_limit_is_exactly_200_levels():
+    from draftstore import validation
+
+    value: object = 1
+    for _ in range(200):
+        value = [value]
+    assert validation.json_text("v", value, 10**6)[0].startswith("[" * 200)
+    with pytest.raises(InvalidInput) as exc:
+        validation.json_text("v", [value], 10**6)
+    refused(exc, InvalidInput, "input.invalid")
+
+
 # -- file content and paths ----------------------------------------------------------------------------
 def test_file_content_with_a_lone_surrogate_is_refused(store, running):
     p, t, _ = running

@@ -108,11 +108,34 @@ def actor(value: Any) -> str | None:
     return None if value is None else text("actor", value, max_chars=MAX_ACTOR_CHARS)
 
 
+MAX_JSON_DEPTH = 200  # arrays and objects inside one another; deeper documents are refused
+
+
+def _nests_deeper(value: Any, limit: int) -> bool:
+    """Whether arrays and objects nest more than ``limit`` levels in ``value`` (no recursion:
+    the check itself must not overflow the stack it protects)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        v, depth = stack.pop()
+        if isinstance(v, dict):
+            children: Any = v.values()
+        elif isinstance(v, (list, tuple)):
+            children = v
+        else:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, tuple)))
+    return False
+
+
 def json_text(field: str, value: Any, max_bytes: int, *,
               error: type[E.InvalidInput] = E.InvalidInput) -> tuple[JSONText, bool]:
     """Serialise a JSON value: JSON-serialisable (no NaN or infinity), valid
-    Unicode, at most ``max_bytes`` UTF-8 bytes. Returns (text, whether a string
-    in it holds a NUL character). Raises ``error`` or ``payload.too_large``."""
+    Unicode, at most ``max_bytes`` UTF-8 bytes, arrays and objects nested at most
+    ``MAX_JSON_DEPTH`` deep (every reader of it, a JSON Patch included, can then
+    walk it). Returns (text, whether a string in it holds a NUL character).
+    Raises ``error`` or ``payload.too_large``."""
     try:
         out = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
         if "e+" in out:  # maybe a float >= 1e16, written with an exponent
@@ -125,6 +148,10 @@ def json_text(field: str, value: Any, max_bytes: int, *,
         raise error(f"{field} is not valid Unicode (it holds a lone surrogate)", field=field) from None
     if size > max_bytes:
         raise E.PayloadTooLarge(f"{field} is larger than {max_bytes} bytes", field=field, limit=max_bytes)
+    # an opening bracket per level: a text with few of them (in strings or not) cannot nest deep
+    if out.count("[") + out.count("{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
+        raise error(f"{field} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep", field=field,
+                    limit=MAX_JSON_DEPTH)
     return JSONText(out), "\\u0000" in out and _JSON_NUL.search(out) is not None
 
 
