@@ -95,6 +95,22 @@ def test_a_corrupted_object_is_refused_with_checksum_mismatch(blob_store: BlobSt
     assert info.value.details["actual"] == digest_of(b"tampered content")
 
 
+@pytest.mark.parametrize("damage", [b"tampered content", b"the real", b"the real contenT", b""])
+def test_storing_an_object_again_repairs_a_damaged_copy(blob_store: BlobStore, damage: bytes) -> None:
+    data = b"the real content"
+    digest = blob_store.put(data)
+    key = object_key(digest)
+    blob_store._delete_raw(key)  # type: ignore[attr-defined]
+    blob_store._put_raw(key, damage)  # type: ignore[attr-defined]  (other, shorter, same size, empty)
+    blob_store.cache.clear()  # type: ignore[attr-defined]  (a fresh reader)
+    with pytest.raises(ChecksumMismatch):
+        blob_store.get(digest)
+    assert blob_store.put(data) == digest  # the writer that stores it again (a snapshot built anew, say)
+    blob_store.cache.clear()  # type: ignore[attr-defined]
+    assert blob_store.get(digest) == data
+    assert blob_store._get_raw(key) == data  # type: ignore[attr-defined]  (the stored copy itself)
+
+
 def test_object_keys_are_derived_from_digests_and_never_from_user_text(blob_store: BlobStore) -> None:
     user_texts = [b"../../etc/passwd", "src/\u00e9t\u00e9/caf\u00e9.py".encode(), b"a b\nc", b"C:\\windows"]
     digests = [blob_store.put(t) for t in user_texts]

@@ -16,7 +16,9 @@ __all__ = ["DirectoryBlobStore"]
 
 class DirectoryBlobStore(BlobStoreBase):
     """Objects as files under ``root``; a write is temp file + fsync + rename,
-    so a reader never sees a partial object and a crash leaves none behind."""
+    so a reader never sees a partial object and a crash leaves none behind.
+    Storing an object again compares it with the stored file and rewrites a
+    copy that differs, so a damaged object is repaired by the next put of it."""
 
     def __init__(self, root: str | os.PathLike[str], cache: ObjectCache | None = None) -> None:
         super().__init__(cache)
@@ -32,7 +34,11 @@ class DirectoryBlobStore(BlobStoreBase):
 
     def _put_raw(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        if path.exists():
+        try:
+            same = path.read_bytes() == data  # a damaged copy (truncated, overwritten) is written anew
+        except FileNotFoundError:
+            same = False  # not stored yet, or swept meanwhile: write it
+        if same:
             try:
                 os.utime(path)  # stored again: young again (see BlobStoreBase.put)
                 return
