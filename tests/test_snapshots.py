@@ -22,7 +22,7 @@ import pytest
 import sqlalchemy as sa
 import zstandard
 
-from draftstore import (DraftBusy, InvalidInput, PathConflict, ProjectNotFound, Settings, StateNotFound, Store,
+from draftstore import (BlobNotFound, DraftBusy, InvalidInput, PathConflict, ProjectNotFound, Settings, StateNotFound, Store,
                         VersionNotFound)
 from draftstore.blobs import DirectoryBlobStore, object_key
 from draftstore.db.tables import D, S
@@ -283,6 +283,21 @@ def test_materialize_errors_name_what_is_missing(store: Store, tmp_path: Path) -
     assert not (tmp_path / "v").exists() or not os.listdir(tmp_path / "v")
 
 
+def test_a_rebuild_that_fails_leaves_the_destination_empty(store: Store, store_factory: Any,
+                                                           tmp_path: Path) -> None:
+    """An object missing from the blob store fails the rebuild midway: what it wrote goes, so
+    no caller ever finds a partial tree (and the error names the object)."""
+    big = os.urandom(2 * 1024 * 1024)  # stored on its own, not in a pack
+    files = {f"f/{i:04d}.txt": b"%d\n" % i for i in range(600)} | {"zz/big.bin": big}
+    p = store.create_project("half", files=files)
+    store.blobs.delete(digest_of(big))
+    dest = tmp_path / "dest"
+    with pytest.raises(BlobNotFound) as info:
+        store_factory().materialize(p.id, dest, state="head")
+    assert info.value.details["digest"] == digest_of(big)
+    assert dest.is_dir() and os.listdir(dest) == []
+
+
 def test_materialize_reports_progress(store: Store, tmp_path: Path) -> None:
     files = {f"f/{i:04d}.txt": b"%d\n" % i for i in range(600)}
     p = store.create_project("progress", files=files)
@@ -431,6 +446,35 @@ def test_a_stale_draft_snapshot_falls_back_to_a_rebuild_and_is_marked_stale(stor
     # head was never the draft: its materialise is untouched
     head = store.materialize(p.id, tmp_path / "head", state="head")
     assert tree_on_disk(tmp_path / "head") == expected_tree(FILES, set(EXECUTABLE)) and head.path == "rebuild"
+
+
+def test_every_snapshot_of_a_draft_goes_stale_once_the_draft_moves_on(store: Store, tmp_path: Path) -> None:
+    """Stale as soon as the draft's tree changes, every earlier snapshot of it, without a
+    materialise first; a snapshot of a tree the draft holds again is not."""
+    p = make_project(store)
+    t = store.start_turn(p.id, "first")
+    store.write_file(t.id, "a.py", b"A = 1\n")
+    store.complete_turn(t.id, "ok")
+    a = store.create_snapshot(p.id, "draft")
+    t = store.continue_turn(p.id, "second")
+    store.write_file(t.id, "a.py", b"A = 2\n")
+    store.complete_turn(t.id, "ok")
+    assert snapshot(store, p.id, a.id).status == "stale"
+    b = store.create_snapshot(p.id, "draft")
+    t = store.continue_turn(p.id, "no change")
+    store.complete_turn(t.id, "ok")
+    assert snapshot(store, p.id, b.id).status == "ready"  # the same tree: still its snapshot
+    t = store.continue_turn(p.id, "back to the first")
+    store.write_file(t.id, "a.py", b"A = 1\n")
+    store.complete_turn(t.id, "ok")
+    assert {s.id: s.status for s in store.list_snapshots(p.id)} == {a.id: "stale", b.id: "stale"}
+    head = store.create_snapshot(p.id, "head")
+    t = store.continue_turn(p.id, "third")
+    store.write_file(t.id, "a.py", b"A = 3\n")
+    store.complete_turn(t.id, "ok")
+    assert snapshot(store, p.id, head.id).status == "ready"  # a version never moves on
+    out = store.materialize(p.id, tmp_path / "draft", state="draft")
+    assert out.path == "rebuild" and tree_on_disk(tmp_path / "draft")["a.py"][0] == b"A = 3\n"
 
 
 @pytest.mark.parametrize("tamper", ["duplicate-instead-of-missing", "wrong-content", "same-size-wrong-content",

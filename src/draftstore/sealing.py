@@ -28,7 +28,7 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults
 from .backends import Backends
-from .db.tables import C, D, P, T
+from .db.tables import C, D, P, S, T
 from .digest import EMPTY_TREE, Digest
 from .records import TurnStatus
 from .trees import FileEntry, SealPlan, file_entry
@@ -136,6 +136,10 @@ class Sealing:
         faults.point("seal.before_swap")
         conn.execute(D.update().where(D.c.id == locked.id).values(code_manifest_key=new, file_count=files))
         conn.execute(C.delete().where(C.c.draft_id == locked.id))
+        # the draft moved on: its snapshots of another tree are stale from now on
+        conn.execute(S.update().where(S.c.project_id == locked.project_id, S.c.source_kind == "draft",
+                                      S.c.source_id == locked.id, S.c.status == "ready", S.c.root != new)
+                     .values(status="stale"))
         if fold.upload is not None:
             fold.upload.result()
         return new, files

@@ -214,7 +214,11 @@ class Snapshots:
             except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError) as exc:
                 self._mark(snap.id, SnapshotStatus.FAILED, error=f"unusable bundle: {exc}"[:2000])
                 _prepare(dest, replace=True)
-        written = self._rebuild(view, dest, progress)
+        try:
+            written = self._rebuild(view, dest, progress)
+        except BaseException:
+            _clear_after_failure(dest)  # never a partial tree: the caller finds dest empty
+            raise
         return Materialized("rebuild", *written, view.root, None, kind, source_id, view.characters,
                             view.world_settings)
 
@@ -287,6 +291,14 @@ def _project_exists(conn: Any, project_id: str) -> None:
 def _chunks(items: list[Any]) -> Iterator[list[Any]]:
     for i in range(0, len(items), _CHUNK):
         yield items[i:i + _CHUNK]
+
+
+def _clear_after_failure(dest: Path) -> None:
+    """Empty ``dest`` after a failed rebuild; a failure to clear it leaves the first error to tell."""
+    try:
+        _prepare(dest, replace=True)
+    except (OSError, E.DraftstoreError):
+        pass
 
 
 def _prepare(dest: Path, replace: bool) -> None:

@@ -475,7 +475,9 @@ class Store:
         """Write the exact files of ``state`` (``draft``: the draft, else head; ``head``; a version id)
         into ``dest_dir`` (executable bits kept; nothing outside it touched; a non-empty one is refused
         with ``path.conflict`` unless ``replace``). From a ready snapshot of that very tree, else rebuilt
-        from the blobs (always, with ``use_snapshot=False``); the answer says which (``path``) with counts."""
+        from the blobs (always, with ``use_snapshot=False``); the answer says which (``path``) with counts.
+        If it fails (an object missing from the blob store, say), ``dest_dir`` is left empty: never a
+        partial tree."""
         return self._snapshots.materialize(project_id, dest_dir, state, replace, progress, use_snapshot)
 
     def run_background(self, limit: int = 10) -> dict[str, int]:
@@ -545,4 +547,12 @@ class Store:
         """A turn's events rebuilt from the database (``(type, data)``, in order), for a
         stream whose buffer was lost; text deltas are not durable and not included."""
         return self._turns.durable_events(turn_id)
+
+    def durable_project_events(self, project_id: str, limit: int = 1000) -> list[tuple[str, dict[str, Any]]]:
+        """A project's committed events rebuilt from the database (``(type, data)``, oldest
+        first, the newest ``limit``): publishes, rollbacks, discarded drafts. For a
+        project stream whose buffer was lost."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise E.InvalidInput("limit is an integer from 1 to 10000", field="limit")
+        return self._projects.durable_events(project_id, limit)
 
