@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import json
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -54,6 +55,20 @@ def err(r: httpx.Response, status: int, code: str) -> dict[str, Json]:
     assert isinstance(body["details"], dict), body
     assert body["code"] == code, f"{r.request.method} {r.request.url}: expected {code}, got {body}"
     return body
+
+
+def walk_find(c: httpx.Client, project_id: str, limit: int) -> list[str]:
+    """Every path /view/find lists, ``limit`` at a time through its cursors."""
+    out: list[str] = []
+    cursor = None
+    for _ in range(100):
+        page = ok(c.get(f"/v1/projects/{project_id}/view/find",
+                        params={"limit": limit, **({"cursor": cursor} if cursor else {})}))
+        out += page["paths"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            return out
+    raise AssertionError("paging did not end")
 
 
 def walk(c: httpx.Client, url: str, limit: int, **params: Any) -> list[Json]:
@@ -104,7 +119,10 @@ def test_a_turn_from_first_message_to_a_forked_copy(service: Service) -> None:
     tid = turn["id"]
     assert (turn["status"], turn["number"], turn["user_message"], turn["actor"]) == ("running", 1, message, "worker-7")
     assert turn["base_version_id"] == v1 and turn["end_root"] is None
-    assert ok(c.get(f"/v1/projects/{pid}"))["active_draft_id"] == turn["draft_id"]
+    one = ok(c.get(f"/v1/projects/{pid}"))  # with its head and its active draft
+    assert one["active_draft_id"] == turn["draft_id"] and one["draft"]["id"] == turn["draft_id"]
+    assert (one["draft"]["status"], one["draft"]["base_version_id"]) == ("running", v1)
+    assert one["head"]["id"] == v1 and one["head"]["number"] == 1 and one["head"]["characters"] == {"hero": {"hp": 10}}
 
     # tool calls: one plain, one approved, one denied (a denial is no failure: the turn goes on)
     look = created(c.post(f"/v1/turns/{tid}/tool-calls", json={"tool_name": "view_file", "args": {"path": "main.py"}}))
@@ -209,6 +227,7 @@ def test_a_turn_from_first_message_to_a_forked_copy(service: Service) -> None:
     assert v2["root"] == done["end_root"] and v2["file_count"] == 3 and v2["characters"] == characters
     project = ok(c.get(f"/v1/projects/{pid}"))
     assert project["current_version_id"] == v2["id"] and project["active_draft_id"] is None
+    assert project["head"] == v2 and project["draft"] is None
 
     diff = ok(c.get(f"/v1/projects/{pid}/diff", params={"a": f"version:{v1}", "b": f"version:{v2['id']}"}))
     assert {f["path"]: f["status"] for f in diff["files"]} == {
@@ -352,6 +371,33 @@ def test_directory_listings_diffs_and_snapshots_are_paged_too(service: Service) 
     assert found == [f"many/{n}" for n in names]
     err(c.get(f"/v1/projects/{p.id}/view/find", params={"cursor": first["next_cursor"]}), 422, "input.invalid")
 
+    # search: a cut answer goes on from its cursor, each match once, in file then line order
+    search_url = f"/v1/projects/{p.id}/view/search"
+    whole = ok(c.get(search_url, params={"q": "txt", "max_results": 10_000}))
+    assert len(whole["matches"]) == 230 and not whole["truncated"] and whole["next_cursor"] is None
+    got, cursor = [], None
+    for _ in range(40):
+        page = ok(c.get(search_url, params={"q": "txt", "max_results": 7, **({"cursor": cursor} if cursor else {})}))
+        assert len(page["matches"]) <= 7 and page["truncated"] == (page["next_cursor"] is not None)
+        got += page["matches"]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert got == whole["matches"]
+    forged = base64.urlsafe_b64encode(b'["search","many/f000.txt",-1]').decode().rstrip("=")
+    for bad in (first["next_cursor"], forged, "x" * 9000):
+        err(c.get(search_url, params={"q": "txt", "cursor": bad}), 422, "input.invalid")
+
+    # the longest paths page too (a cursor holds the last path: 1,024 bytes of UTF-8)
+    deep = "/".join(["\u00e9" * 100] * 5)  # 1,000 bytes in 5 segments of 200
+    long_names = [f"{deep}/{i:02d}\U0001f600" for i in range(5)]
+    q = store.create_project(f"long-{random_token(4)}", files={n: f"{n} hit\n" for n in long_names})
+    assert [x for x in walk_find(c, q.id, limit=2)] == sorted(long_names)
+    paged = ok(c.get(f"/v1/projects/{q.id}/view/search", params={"q": "hit", "max_results": 2}))
+    assert paged["next_cursor"]
+    rest = ok(c.get(f"/v1/projects/{q.id}/view/search", params={"q": "hit", "cursor": paged["next_cursor"]}))
+    assert [m["path"] for m in paged["matches"] + rest["matches"]] == sorted(long_names)
+
     # a diff of 230 changed files (and the characters): in pages, contents read for the page only
     t = store.start_turn(p.id, "touch them all")
     store.apply_changes(t.id, {f"many/{n}": f"{n} changed\n" for n in names})
@@ -456,11 +502,18 @@ def test_a_bad_cursor_or_limit_is_refused(service: Service) -> None:
     for url in lists:
         for limit in (0, 201, -1, "ten", 10**30):
             err(c.get(url, params={"limit": limit}), 422, "input.invalid")
-        for cursor in ("garbage", "!!!", "x" * 600, b64('["projects"]'), b64("[1, 2]"), b64("not json")):
+        for cursor in ("garbage", "!!!", "x" * 9000, b64('["projects"]'), b64("[1, 2]"), b64("not json")):
             err(c.get(url, params={"cursor": cursor}), 422, "input.invalid")
         assert len(ok(c.get(url, params={"limit": 200}))["items"]) <= 200
         ok(c.get(url, params={"limit": 1}))
     err(c.get(f"/v1/turns/{t.id}", params={"tool_calls_limit": 0}), 422, "input.invalid")
+    # a forged key no list hands out (text no database takes) is refused, not a server error
+    for kind, url in (("projects", "/v1/projects"), ("tokens", "/v1/tokens"),
+                      ("snapshots", f"/v1/projects/{p.id}/snapshots")):
+        for bad_id in ("\udc80", "a\x00b"):
+            raw = json.dumps([kind, "2020-01-01T00:00:00+00:00", bad_id]).encode()
+            forged = base64.urlsafe_b64encode(raw).decode().rstrip("=")
+            err(c.get(url, params={"cursor": forged}), 422, "input.invalid")
     # a cursor is bound to its list
     cursor = ok(c.get(f"/v1/turns/{t.id}/tool-calls", params={"limit": 1}))["next_cursor"]
     assert cursor is not None
@@ -629,19 +682,30 @@ def test_bodies_and_parameters_the_service_cannot_read_are_422(service: Service)
 
 
 def test_valid_but_unusual_json_round_trips_and_odd_input_is_never_a_500(service: Service) -> None:
-    """orjson refuses some valid JSON (integers over 64 bits, nesting over 254 levels,
-    lone surrogates); the service must still answer, and answer the same value back."""
+    """orjson refuses some valid JSON (integers over 64 bits, lone surrogates); the service
+    must still answer, and answer the same value back. Nesting as deep as the library takes
+    (200 levels) round-trips; deeper is refused, typed, wherever it is sent."""
     c = service.client()
     pid = new_project(c)["id"]
     tid = created(c.post(f"/v1/projects/{pid}/turns", json={"user_message": "x"}))["id"]
     huge = 2**70
     deep: Json = "core"
-    for _ in range(300):
+    for _ in range(200):
         deep = [deep]
     for args in ({"n": huge, "m": -huge}, deep):
         call = created(c.post(f"/v1/turns/{tid}/tool-calls", json={"tool_name": "odd", "args": args}))
         assert call["args"] == args
     assert [t["args"] for t in ok(c.get(f"/v1/turns/{tid}"))["tool_calls"]] == [{"n": huge, "m": -huge}, deep]
+    deeper = {"k": deep}
+    for deepest in (deeper, {"k": [deeper] * 3}, [[[[deeper]]]] * 600):
+        err(c.post(f"/v1/turns/{tid}/tool-calls", json={"tool_name": "odd", "args": deepest}), 422, "input.invalid")
+        err(c.patch(f"/v1/turns/{tid}/characters", json={"patch": {"deep": deepest}}), 422, "patch.invalid")
+        err(c.patch(f"/v1/turns/{tid}/world-settings",
+                    json={"patch": [{"op": "add", "path": "/deep", "value": deepest}]}), 422, "patch.invalid")
+        err(c.post("/v1/projects", json={"name": "deep", "characters": {"a": deepest}}), 422, "input.invalid")
+    ok(c.patch(f"/v1/turns/{tid}/characters", json={"patch": {"d": deep[0][0]}}))  # 199 levels under a key: taken
+    assert ok(c.get(f"/v1/projects/{pid}/view", params={"at": "draft"}))["characters"]["d"] == deep[0][0]
+    assert ok(c.get(f"/v1/projects/{pid}/diff", params={"a": "head", "b": "draft"}))["characters"]
     assert ok(c.post(f"/v1/turns/{tid}/complete", json={"assistant_message": {"tokens": huge}}))[
         "assistant_message"] == {"tokens": huge}
     # error details that echo what the client sent

@@ -333,6 +333,16 @@ def complete(c: httpx.Client, turn_id: str) -> None:
     assert r.status_code == 200, r.text
 
 
+def created(r: httpx.Response) -> dict[str, Any]:
+    assert r.status_code == 201, (r.status_code, r.text)
+    return r.json()
+
+
+def without_at(data: dict[str, Any]) -> dict[str, Any]:
+    """An event's data but a head move's time (compared on its own)."""
+    return {k: v for k, v in data.items() if k != "at"}
+
+
 def page(c: httpx.Client, path: str, **params: Any) -> dict[str, Any]:
     r = c.get(path, params=params, headers={"accept": "application/json"})
     assert r.status_code == 200, r.text
@@ -427,6 +437,31 @@ def test_the_wire_format_is_what_a_browsers_eventsource_reads(service: Service):
         assert all(re.match(r"^(id|event|data): |^:", line) for line in lines), lines
         assert [ln for ln in lines if ln.startswith("event: ")] == [f"event: {event.type}"]
         assert len([ln for ln in lines if ln.startswith("data: ")]) == 1
+
+
+def test_an_eventsource_which_cannot_send_headers_authenticates_with_access_token(service: Service):
+    """A browser's EventSource sends no Authorization header: the event streams (and they alone)
+    take the token as ``?access_token=``, with the same roles and scopes as the header."""
+    c = service.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    wait_buffered(c, t, lambda ev: len(ev) == 1)
+    agent, observer = service.token("agent", p), service.token("observer", p)
+    with sse(service, f"/v1/turns/{t}/events?access_token={agent}", token=None) as es:
+        assert es.status == 200 and es.read_n(1)[0].type == "turn.started"
+    with sse(service, f"/v1/projects/{p}/events?access_token={observer}", token=None) as es:
+        assert es.status == 200
+    for path, status, code in ((f"/v1/turns/{t}/events?access_token={observer}", 403, "auth.forbidden"),
+                               (f"/v1/turns/{t}/events?access_token=dst_nope", 401, "auth.invalid"),
+                               (f"/v1/turns/{t}/events", 401, "auth.required")):
+        with sse(service, path, token=None) as es:
+            assert (es.status, es.body["code"]) == (status, code), path
+    other = service.token("agent", new_project(c, "other"))
+    with sse(service, f"/v1/projects/{p}/events?access_token={other}", token=None) as es:
+        assert (es.status, es.body["code"]) == (404, "project.not_found")
+    # any other route: the header or nothing
+    r = httpx.get(f"{service.url}/v1/projects/{p}", params={"access_token": agent})
+    assert (r.status_code, r.json()["code"]) == (401, "auth.required")
 
 
 def test_the_parser_follows_the_whatwg_rules_on_any_split_of_the_bytes():
@@ -811,6 +846,69 @@ def test_a_client_coming_back_after_the_buffer_was_lost_gets_the_durable_history
 
 
 # == many idle subscribers ===========================================================================
+def test_a_projects_stream_and_an_after_id_are_rebuilt_from_the_database_after_the_buffer_was_lost(
+        service_factory, private_redis: PrivateRedis):
+    """A project's subscriber that lost its buffer gets its committed events rebuilt (publishes,
+    rollbacks, discarded drafts; an observer, without the drafts), then live ones; ``?after=`` with
+    the id it last got is read as ``Last-Event-ID`` is, for turns too (the loss is told, not hidden)."""
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    c = svc.client()
+    p = new_project(c)
+    v1 = c.get(f"/v1/projects/{p}").json()["current_version_id"]
+    observer = svc.token("observer", p)
+    t = start_turn(c, p)
+    assert c.put(f"/v1/turns/{t}/files/dragon.py", content=b"DRAGON = 1\n").status_code == 204
+    complete(c, t)
+    v2 = created(c.post(f"/v1/projects/{p}/publish", json={"summary": "dragon"}))["id"]
+    start_turn(c, p)
+    draft = c.post(f"/v1/projects/{p}/discard").json()["id"]
+    deadline = time.monotonic() + 10
+    while len(page(c, f"/v1/projects/{p}/events", after=0, limit=1000)["events"]) < 2:
+        assert time.monotonic() < deadline, "the project's committed events never reached its buffer"
+        time.sleep(0.02)
+    with sse(svc, f"/v1/projects/{p}/events?after=0") as es:
+        before = es.read_n(2)
+    assert [e.type for e in before] == ["version.published", "draft.discarded"]
+    turn_last = buffered(c, t)[-1]["id"]  # the turn's last event id, as a JSON page gives it
+
+    with private_redis.client() as r:
+        r.flushall()
+    assert c.post(f"/v1/projects/{p}/rollback", json={"version_id": v1}).status_code == 200
+    expected = [("version.published", {"version_id": v2, "number": 2}), ("draft.discarded", {"draft_id": draft}),
+                ("head.moved", {"to_version_id": v1})]
+    history = list(expected)  # every committed event so far, as the database holds them
+    live_at: dict[int, str] = {}  # the n-th head move's time, as its live event gave it
+    for token in (svc.admin, observer):
+        for how in ({"last_event_id": before[-1].last_event_id}, {}):
+            want = [x for x in history if token != observer or x[0] != "draft.discarded"]
+            path = f"/v1/projects/{p}/events" + ("" if how else f"?after={before[-1].last_event_id}")
+            with sse(svc, path, token=token, **how) as es:
+                got = es.read_n(1 + len(want))
+                assert got[0].type == "stream.rebuilt" and got[0].json["deltas_missing"] is False
+                assert [(e.type, without_at(e.json)) for e in got[1:]] == want, (token == observer, how)
+                # a head move is told apart by its time: the rebuild gives the time the live event gave
+                assert all(e.json["at"] == live_at[i] for i, e in enumerate(m for m in got if m.type == "head.moved")
+                           if i in live_at)
+                assert es.poll(timeout=0.5) is None  # the rollback's own buffered copy is not sent twice
+                assert c.post(f"/v1/projects/{p}/rollback", json={"version_id": v2}).status_code == 200
+                moved = es.next_event()  # a new move to a version the rebuild named already: news all the same
+                assert (moved.type, without_at(moved.json)) == ("head.moved", {"to_version_id": v2})
+                live_at[sum(1 for x in history if x[0] == "head.moved")] = moved.json["at"]
+            assert c.post(f"/v1/projects/{p}/rollback", json={"version_id": v1}).status_code == 200
+            history += [("head.moved", {"to_version_id": v2}), ("head.moved", {"to_version_id": v1})]
+
+    # a turn: ?after= with the id of a buffer that is gone is a rebuild, as Last-Event-ID is
+    with sse(svc, f"/v1/turns/{t}/events?after={turn_last}") as es:
+        got = es.read_to_end()
+    assert got[0].type == "stream.rebuilt" and keys(got[1:-1]) == durable_keys(svc, t)
+    # and the JSON page, given an id of a lost buffer, pages the buffer there is from its start
+    shown = page(c, f"/v1/projects/{p}/events", after=before[-1].last_event_id)
+    assert shown["epoch"] != before[-1].epoch and without_at(shown["events"][0]["data"]) == {"to_version_id": v1}
+    for bad in (":3", "1:x", "-1", "9" * 30, "x" * 101):
+        r = c.get(f"/v1/turns/{t}/events", params={"after": bad})
+        assert r.status_code == 422 and r.json()["code"] == "input.invalid", bad
+
+
 def usage(pid: int, port: int) -> dict[str, int]:
     """A service process, from /proc: threads, open file descriptors, resident memory (KiB), and
     ``clients``: the connections it accepted on ``port`` that it holds (its pools' sockets not counted)."""
@@ -1048,7 +1146,8 @@ def test_a_projects_stream_carries_committed_events_only_to_admins_agents_and_ob
         for role, es in streams.items():
             want = published if role == "observer" else expected
             seen[role] = es.read_n(len(want))
-            assert [(e.type, e.json) for e in seen[role]] == want, role
+            assert [(e.type, without_at(e.json)) for e in seen[role]] == want, role
+            assert all(isinstance(e.json["at"], str) for e in seen[role] if e.type == "head.moved")
             assert_ids_increase(seen[role])
             assert es.poll(timeout=0.3) is None  # turns' events (started, completed, rolled back) are not sent
         # ids are the buffer's: the turns' events (started, completed; started, rolled back) were skipped
@@ -1063,7 +1162,7 @@ def test_a_projects_stream_carries_committed_events_only_to_admins_agents_and_ob
     with sse(service, f"/v1/projects/{p}/events", token=tokens["observer"], last_event_id=got[1].last_event_id) as es:
         assert [e.last_event_id for e in es.read_n(1)] == [e.last_event_id for e in got[2:]]
     shown = page(service.client(tokens["observer"]), f"/v1/projects/{p}/events", after=0, limit=1000)
-    assert [(e["type"], e["data"], e["id"]) for e in shown["events"]] == [
+    assert [(e["type"], without_at(e["data"]), e["id"]) for e in shown["events"]] == [
         (k, d, e.last_event_id) for (k, d), e in zip(published, got)]
 
     # an observer sees no turn, live or not; a token of another project sees no such project

@@ -28,6 +28,8 @@ __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page", "b
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
+# a cursor holding the longest path (1,024 bytes of UTF-8, JSON-escaped, base64-encoded) fits
+MAX_CURSOR_CHARS = 8192
 
 T = TypeVar("T")
 
@@ -53,7 +55,7 @@ def decode(kind: str, cursor: Any, shape: Sequence[type]) -> list[Any] | None:
     if cursor is None or cursor == "":
         return None
     bad = E.InvalidInput("cursor is not one this list handed out", field="cursor")
-    if not isinstance(cursor, str) or len(cursor) > 512:
+    if not isinstance(cursor, str) or len(cursor) > MAX_CURSOR_CHARS:
         raise bad
     try:
         raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
@@ -68,9 +70,11 @@ def decode(kind: str, cursor: Any, shape: Sequence[type]) -> list[Any] | None:
                 value = datetime.fromisoformat(value)
             elif typ is int and (not isinstance(value, int) or isinstance(value, bool) or abs(value) > 2**62):
                 raise ValueError
-            elif typ is str and not isinstance(value, str):
+            elif typ is str and (not isinstance(value, str) or "\x00" in value):
                 raise ValueError
-        except (TypeError, ValueError):
+            elif typ is str:
+                value.encode("utf-8")  # a lone surrogate is no key any list hands out
+        except (TypeError, ValueError):  # UnicodeEncodeError included
             raise bad from None
         key.append(value)
     return key

@@ -257,6 +257,32 @@ class Projects:
                                 .order_by(order_by).limit(n + 1)).all()
         return paging.page(kind, rows, n, lambda r: (getattr(r, order.name),), record)
 
+    def durable_events(self, project_id: str, limit: int) -> list[tuple[str, dict[str, Any]]]:
+        """The project's committed events rebuilt from the database, as its stream carried
+        them (``(type, data)``, oldest first, the newest ``limit``): each publish
+        (``version.published``), each rollback (``head.moved``), each discarded draft
+        (``draft.discarded``). For a stream whose buffer was lost."""
+        with self.b.tx(read_only=True) as conn:
+            self.load(conn, project_id)
+            moves = conn.execute(
+                sa.select(H.c.reason, H.c.to_version_id, H.c.at, V.c.number)
+                .select_from(H.outerjoin(V, V.c.id == H.c.to_version_id))
+                .where(H.c.project_id == project_id,
+                       H.c.reason.in_([HeadMoveReason.PUBLISH.value, HeadMoveReason.ROLLBACK.value]))
+                .order_by(H.c.id.desc()).limit(limit)).all()
+            discarded = conn.execute(
+                sa.select(D.c.id, D.c.closed_at)
+                .where(D.c.project_id == project_id, D.c.closed_reason == "discarded")
+                .order_by(D.c.closed_at.desc()).limit(limit)).all()
+        events: list[tuple[datetime, tuple[str, dict[str, Any]]]] = [
+            (aware(m.at), ("version.published", {"version_id": m.to_version_id, "number": m.number})
+             if m.reason == HeadMoveReason.PUBLISH
+             else ("head.moved", {"to_version_id": m.to_version_id, "at": aware(m.at).isoformat()}))
+            for m in reversed(moves)]
+        events += [(aware(d.closed_at), ("draft.discarded", {"draft_id": d.id})) for d in reversed(discarded)]
+        events.sort(key=lambda e: e[0])  # stable: moves keep their order within one instant
+        return [e for _, e in events[-limit:]]
+
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
         actor = check.actor(actor)
         with self.b.tx() as conn:
@@ -267,5 +293,6 @@ class Projects:
                 self.move_head(conn, project_id, project.current_version_id, version.id, HeadMoveReason.ROLLBACK,
                                actor, now)
             result = project_record(self.load(conn, project_id))
-        self.b.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id})
+        # ``at`` (the head move's own time) tells two moves to the same version apart
+        self.b.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id, "at": now.isoformat()})
         return result

@@ -63,6 +63,18 @@ async def get_store(request: Request) -> Store:
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
+def credential(request: Request) -> str | None:
+    """The request's ``Authorization`` header; for a GET of an event stream without one, the
+    ``access_token`` query parameter as a bearer token (a browser's ``EventSource`` cannot
+    send headers). Nowhere else: a token in a URL can end up in a proxy's logs."""
+    header = request.headers.get("authorization")
+    if header is None and request.method == "GET" and request.url.path.endswith("/events"):
+        token = request.query_params.get("access_token")
+        if token:
+            return f"Bearer {token}"
+    return header
+
+
 class Authenticator:
     """Tokens -> principals, cached briefly (one database read per token per few seconds)."""
 
@@ -86,7 +98,7 @@ class Authenticator:
 
     async def principal_async(self, request: Request) -> Principal:
         """``principal`` without a thread-pool hop when the answer is cached (the common case)."""
-        header = request.headers.get("authorization")
+        header = credential(request)
         if header is not None:
             key = hashlib.sha256(header.partition(" ")[2].strip().encode()).hexdigest()
             with self._lock:
@@ -102,7 +114,7 @@ class Authenticator:
         return await run_sync(self.principal, request)
 
     def principal(self, request: Request) -> Principal:
-        header = request.headers.get("authorization")
+        header = credential(request)
         if header is None:
             return self._tokenless(request, self.tokens_exist())
         scheme, _, secret = header.partition(" ")
@@ -181,11 +193,25 @@ ANY = (Role.ADMIN, Role.AGENT, Role.OBSERVER)
 
 
 async def authorize(request: Request, roles: tuple[Role, ...]) -> Principal:
-    """The caller's principal, if its role is one of ``roles`` (else ``auth.forbidden``)."""
+    """The caller's principal, if its role is one of ``roles`` (else ``auth.forbidden``). A
+    project-scoped token asking about another project (or a turn of one) is told it is not
+    found, whatever its role: 404 before 403, as if the other project did not exist."""
     principal = await request.app.state.auth.principal_async(request)
     if principal.role not in roles:
+        if principal.project_id is not None:
+            await run_sync(_in_scope, request, principal)
         raise E.Forbidden(f"a {principal.role} token may not do this", role=principal.role)
     return principal
+
+
+def _in_scope(request: Request, principal: Principal) -> None:
+    """Raise the not-found error of the project or turn the request's path names, if it is not
+    the scoped token's (or does not exist)."""
+    params = request.path_params
+    if "project_id" in params:
+        project_scope(principal, params["project_id"])
+    elif "turn_id" in params:
+        turn_scope(principal, request.app.state.store, params["turn_id"], request.app.state.turn_projects)
 
 
 def Allow(*roles: Role) -> object:

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import base64
 import binascii
+from dataclasses import dataclass, fields
 from typing import Annotated, Any, Literal
 
 from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import errors as E
+from ..records import Draft, Project, Version
+from ..search import SearchResult
 
 # the query parameters of every paged list
 Cursor = Annotated[str | None, Query(description="from the previous page's next_cursor")]
@@ -24,7 +27,7 @@ Limit = Annotated[int | None, Query(ge=1, le=200)]
 __all__ = [
     "CreateProject", "StartTurn", "Complete", "Interrupt", "Fail", "ToolStart", "ToolComplete", "ToolFail",
     "Approval", "Changes", "Move", "Patch", "Delta", "Publish", "Rollback", "Fork", "CreateToken", "Actor",
-    "Whoami", "decode_files",
+    "Whoami", "SearchPage", "ProjectDetail", "decode_files",
 ]
 
 
@@ -144,3 +147,23 @@ def decode_files(files: dict[str, str | None], field: str) -> dict[str, bytes | 
         except (binascii.Error, ValueError):
             raise E.InvalidInput(f"{field}[{path[:100]!r}] is not base64", field=field, path=path[:200]) from None
     return out
+
+
+@dataclass
+class SearchPage(SearchResult):
+    """A search's matches, ``max_results`` at a time: ``next_cursor`` (while ``truncated``)
+    asks for the matches after the last one here."""
+
+    next_cursor: str | None = None
+
+    @classmethod
+    def of(cls, result: SearchResult, next_cursor: str | None) -> "SearchPage":
+        return cls(**{f.name: getattr(result, f.name) for f in fields(result)}, next_cursor=next_cursor)
+
+
+@dataclass(frozen=True)
+class ProjectDetail(Project):
+    """One project with its head version and its active draft (none for an observer)."""
+
+    head: Version | None = None
+    draft: Draft | None = None

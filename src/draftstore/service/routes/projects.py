@@ -13,7 +13,7 @@ from ...diff import Diff
 from ...records import Draft, HeadMove, Page, Project, Role, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Actor, CreateProject, Cursor, Fork, Limit, Publish, Rollback, decode_files
+from ..schemas import Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Rollback, decode_files
 from .states import observer_ref
 
 router = APIRouter(prefix="/v1", tags=["projects"])
@@ -51,10 +51,21 @@ def list_projects(store: StoreDep, cursor: Cursor = None, limit: Limit = None,
     return JSON(Page([_shown(p, principal) for p in page.items], page.next_cursor))
 
 
-@router.get("/projects/{project_id}", response_model=Project, response_class=JSON)
+@router.get("/projects/{project_id}", response_model=ProjectDetail, response_class=JSON)
 def get_project(project_id: str, store: StoreDep, principal: Principal = Allow(*ANY)) -> JSON:
+    """The project with its head version (``head``) and its active draft (``draft``; never
+    shown to an observer)."""
     project_scope(principal, project_id)
-    return JSON(_shown(store.get_project(project_id), principal))
+    project = _shown(store.get_project(project_id), principal)
+    head = store.get_version(project.current_version_id) if project.current_version_id else None
+    draft = None
+    if project.active_draft_id is not None:
+        try:
+            draft = store.get_draft(project_id)
+        except E.DraftNone:  # closed since (published or discarded): as the project row said a moment ago
+            pass
+    fields = {f.name: getattr(project, f.name) for f in dataclasses.fields(project)}
+    return JSON(ProjectDetail(**fields, head=head, draft=draft))
 
 
 @router.get("/projects/{project_id}/draft", response_model=Draft, response_class=JSON)

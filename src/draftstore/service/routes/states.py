@@ -15,12 +15,11 @@ from starlette.responses import Response
 from ... import errors as E
 from ... import paging
 from ...records import Page, Role
-from ...search import SearchResult
 from ...store import Store
 from ...view import DirEntry, FileStat, PathList, View
 from ..auth import ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Cursor, Limit
+from ..schemas import Cursor, Limit, SearchPage
 
 router = APIRouter(prefix="/v1/projects/{project_id}/view", tags=["view"])
 
@@ -101,11 +100,19 @@ def find_files(project_id: str, store: StoreDep, glob: str = "**",
                  "next_cursor": paging.encode("find", [paths[-1]]) if paths.truncated and paths else None})
 
 
-@router.get("/search", response_model=SearchResult, response_class=JSON)
+@router.get("/search", response_model=SearchPage, response_class=JSON)
 def search_code(project_id: str, q: str, store: StoreDep, regex: bool = False, glob: str | None = None,
                 context: Annotated[int, Query(ge=0, le=100)] = 0,
                 max_results: Annotated[int, Query(ge=1, le=10_000)] = 100, ignore_case: bool = False,
-                at: At = "draft", principal: Principal = Allow(*ANY)) -> JSON:
+                at: At = "draft", cursor: Cursor = None, principal: Principal = Allow(*ANY)) -> JSON:
+    """Matching lines in file then line order, ``max_results`` at a time: ``truncated``
+    when more match, and ``next_cursor`` to read them (the same ``q``, ``regex``,
+    ``glob`` and ``ignore_case``; a state that changed meanwhile is searched as it is now)."""
+    key = paging.decode("search", cursor, (str, int))
+    if key is not None and key[1] < 1:
+        raise E.InvalidInput("cursor is not one this list handed out", field="cursor")
     view = _view(store, principal, project_id, at)
-    return JSON(view.search_code(q, regex=regex, glob=glob, context=context, max_results=max_results,
-                                 ignore_case=ignore_case))
+    found = view.search_code(q, regex=regex, glob=glob, context=context, max_results=max_results,
+                             ignore_case=ignore_case, after=(key[0], key[1]) if key else None)
+    last = found.matches[-1] if found.truncated and found.matches else None
+    return JSON(SearchPage.of(found, paging.encode("search", [last.path, last.line_number]) if last else None))

@@ -2,13 +2,16 @@
 
 An event's SSE id is ``<epoch>:<n>``: ``n`` is its id in the turn's (or
 project's) buffer, ``epoch`` the buffer's identity. A client reconnecting with
-``Last-Event-ID`` (or ``?after=``) receives exactly the events it missed, then
-live ones. If the buffer it knew is gone (the coordinator was flushed or
+``Last-Event-ID`` (or ``?after=`` with the same id) receives exactly the events
+it missed, then live ones. A bare number as ``after`` names an event of the
+buffer as it is now: after a loss it cannot tell, so clients send the id. If the buffer it knew is gone (the coordinator was flushed or
 restarted, the buffer expired, or events it had not seen were trimmed), the
-stream says so with a ``stream.rebuilt`` event and then sends the turn's
-durable events rebuilt from the database (turn status changes, tool calls;
-text deltas are not durable and may be missing), after which live events
-follow. A client treats ``stream.rebuilt`` as "replace what you had". A
+stream says so with a ``stream.rebuilt`` event and then sends the durable
+events rebuilt from the database, after which live events follow: a turn's
+status changes and tool calls (text deltas are not durable and may be
+missing: ``deltas_missing``), or a project's last ``PROJECT_REBUILD`` committed
+events (publishes, rollbacks, discarded drafts; an observer's, without the
+drafts). A client treats ``stream.rebuilt`` as "replace what you had". A
 buffered event that the rebuild already sent (it reached the buffer after the
 rebuild's snapshot) is not sent again: an event with only an ``id:`` line moves
 the client's ``Last-Event-ID`` past it (EventSource dispatches nothing for it).
@@ -60,25 +63,34 @@ END_GRACE_S = 1.0
 AFTER_END_S = 0.5  # after the end event: fifty times the bound on another process's late append
 MAX_RETRY_S = 2.0  # longest wait between attempts to reach an unreachable coordinator
 BATCH = 500
+PROJECT_REBUILD = 1000  # a project stream rebuilt from the database: its newest committed events
 TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
 COMMITTED = {"version.published", "head.moved", "draft.discarded"}
 PUBLISHED = {"version.published", "head.moved"}  # what an observer may learn: no draft, ever
 
 
-def _hidden(event: Any) -> bool:
+def _hidden(type_: str, data: Any) -> bool:
     """An event about a draft (one that names a draft id): never sent to an observer."""
-    return event.type.startswith("draft.") or (isinstance(event.data, dict) and "draft_id" in event.data)
+    return type_.startswith("draft.") or (isinstance(data, dict) and "draft_id" in data)
 
 
-def _position(last_event_id: str | None, after: int | None) -> tuple[str | None, int] | None:
+def _event_id(value: str, field: str) -> tuple[str | None, int]:
+    """An event id as a client sends it back: ``<epoch>:<n>`` as sent, or a bare ``n``."""
+    epoch, sep, n = value.rpartition(":")
+    if not (n.isascii() and n.isdigit()) or (sep and not epoch) or len(value) > 100 or int(n) > MAX_EVENT_ID:
+        raise E.InvalidInput(f"{field} is not an id this stream sent", field=field)
+    return (epoch if sep else None), int(n)
+
+
+def _position(last_event_id: str | None, after: str | None) -> tuple[str | None, int] | None:
     """(epoch or None if the client gave a bare number, n), or None for a fresh client."""
     if last_event_id:
-        epoch, sep, n = last_event_id.rpartition(":")
-        if not sep or not (n.isascii() and n.isdigit()) or not epoch or len(last_event_id) > 100 or int(n) > MAX_EVENT_ID:
+        epoch, n = _event_id(last_event_id, "Last-Event-ID")
+        if epoch is None:
             raise E.InvalidInput("Last-Event-ID is not an id this stream sent", field="Last-Event-ID")
-        return epoch, int(n)
+        return epoch, n
     if after is not None:
-        return None, after
+        return _event_id(after, "after")
     return None
 
 
@@ -90,8 +102,9 @@ class _Stream:
     """One subscriber's cursor over one buffer: yields what it has not seen."""
 
     def __init__(self, store: Store, stream: str, turn_id: str | None, types: set[str] | None,
-                 turn_ended: bool = False, no_drafts: bool = False) -> None:
+                 turn_ended: bool = False, no_drafts: bool = False, project_id: str | None = None) -> None:
         self.store, self.stream, self.turn_id, self.types = store, stream, turn_id, types
+        self.project_id = project_id  # a project's stream (turn_id None)
         self.no_drafts = no_drafts  # an observer's stream: no event about a draft
         self.epoch: str | None = None
         self.after = 0
@@ -111,15 +124,26 @@ class _Stream:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, MAX_RETRY_S)
 
+    def _key(self, type_: str, data: Any) -> tuple[str, Any]:
+        """What tells a rebuilt event's buffered copy: a turn's by its call's ``seq`` (one
+        event of a type per call, or per turn), a project's by its content (each names its
+        version, draft, or head move's time: no two are alike)."""
+        return (type_, data.get("seq")) if self.turn_id else (type_, dumps(data))
+
     async def rebuilt(self, reason: str) -> AsyncIterator[ServerSentEvent]:
         """The ``stream.rebuilt`` marker and the durable events; live events follow from the buffer's end."""
         tail = await self.tail(MAX_EVENT_ID)  # only the position: where live events will continue
         self.epoch, self.after = tail.epoch, tail.last_id
         cursor = f"{self.epoch or '-'}:{self.after}"
-        events = await run_sync(self.store.durable_events, self.turn_id) if self.turn_id else []
-        self.rebuilt_keys = {(type_, data.get("seq")) for type_, data in events}
-        yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": True}).decode(), event="stream.rebuilt",
-                              id=cursor if not events else None)
+        if self.turn_id:
+            events = await run_sync(self.store.durable_events, self.turn_id)
+        else:
+            events = [(t, d) for t, d in await run_sync(self.store.durable_project_events, self.project_id,
+                                                        PROJECT_REBUILD)
+                      if (self.types is None or t in self.types) and not (self.no_drafts and _hidden(t, d))]
+        self.rebuilt_keys = {self._key(type_, data) for type_, data in events}
+        yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": bool(self.turn_id)}).decode(),
+                              event="stream.rebuilt", id=cursor if not events else None)
         for i, (type_, data) in enumerate(events):
             if type_ in TURN_END and self.end_by is None:
                 # not the end of the stream yet: the buffer may still receive these very events (appended
@@ -173,10 +197,11 @@ class _Stream:
                 continue
             for event in tail.events:
                 self.after = event.id
-                if (event.type, event.data.get("seq")) in self.rebuilt_keys:
+                if self.rebuilt_keys and self._key(event.type, event.data) in self.rebuilt_keys:
                     # appended after the rebuild's snapshot but already sent by it: only move the client's cursor
                     yield ServerSentEvent(id=f"{self.epoch or '-'}:{event.id}")
-                elif (self.types is None or event.type in self.types) and not (self.no_drafts and _hidden(event)):
+                elif (self.types is None or event.type in self.types) and not (self.no_drafts and
+                                                                               _hidden(event.type, event.data)):
                     yield _sse(self.epoch, event)
                 if self.turn_id and event.type in TURN_END and self.end_by is None:
                     self.end_by = time.monotonic() + AFTER_END_S  # then: what other processes append late
@@ -199,8 +224,11 @@ def _response(request: Request, stream: _Stream, position: tuple[str | None, int
     return EventSourceResponse(gen(), ping=ping, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
-def _page(store: Store, stream: str, after: int | None, before: int | None, limit: int,
+def _page(store: Store, stream: str, position: tuple[str | None, int] | None, before: int | None, limit: int,
           types: set[str] | None, no_drafts: bool = False) -> JSON:
+    after = None if position is None else position[1]
+    if position is not None and position[0] is not None and position[0] != store.coord.tail(stream, MAX_EVENT_ID, 0).epoch:
+        after = 0  # the buffer that id was of is gone: this one from its start (its ``epoch`` tells the client)
     if after is None:
         after = 0
         if before is not None:  # paging backwards: the newest ``limit`` events before ``before``
@@ -209,7 +237,7 @@ def _page(store: Store, stream: str, after: int | None, before: int | None, limi
     tail = store.coord.tail(stream, after, limit if before is None else max(0, min(limit, before - after - 1)))
     events = [e for e in tail.events if before is None or e.id < before]
     shown = [{"id": f"{tail.epoch}:{e.id}", "type": e.type, "data": e.data}
-             for e in events if (types is None or e.type in types) and not (no_drafts and _hidden(e))]
+             for e in events if (types is None or e.type in types) and not (no_drafts and _hidden(e.type, e.data))]
     last = events[-1].id if events else after
     # whether the buffer holds events before the page's first id / after its last (whatever the window asked)
     return JSON({"events": shown, "epoch": tail.epoch, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
@@ -222,6 +250,11 @@ def _wants_json(request: Request) -> bool:
 
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
+AccessToken = Annotated[str | None, Query(description=(
+    "the bearer token, for a client that cannot send an Authorization header (a browser's EventSource); "
+    "a token in a URL can end up in a proxy's logs: prefer the header"))]
+After = Annotated[str | None, Query(max_length=100, description=(
+    "the id of the last event received, as sent (``<epoch>:<n>``), or its number ``n`` alone"))]
 LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", description=(
     "SSE: the id of the last event received (what a browser's EventSource sends when it reconnects); "
     "the stream continues after it"))]
@@ -229,15 +262,16 @@ LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", description=(
 
 @router.get("/turns/{turn_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
 async def turn_events(turn_id: str, request: Request, store: StoreDep,
-                      after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
+                      after: After = None,
                       before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
-                      last_event_id: LastEventId = None, principal: Principal = Allow(*AGENT)) -> Any:
+                      last_event_id: LastEventId = None, access_token: AccessToken = None,
+                      principal: Principal = Allow(*AGENT)) -> Any:
     """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
     application/json`` one page ``{events, has_more_before, has_more_after}``."""
     await run_sync(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
     turn = await run_sync(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
     if _wants_json(request):
-        return await run_sync(_page, store, f"turn:{turn_id}", after, before, limit, None)
+        return await run_sync(_page, store, f"turn:{turn_id}", _position(None, after), before, limit, None)
     position = _position(last_event_id, after)
     ended = turn.status != TurnStatus.RUNNING
     return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None, turn_ended=ended), position)
@@ -245,9 +279,10 @@ async def turn_events(turn_id: str, request: Request, store: StoreDep,
 
 @router.get("/projects/{project_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
 async def project_events(project_id: str, request: Request, store: StoreDep,
-                         after: Annotated[int | None, Query(ge=0, le=MAX_EVENT_ID)] = None,
+                         after: After = None,
                          before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
-                         last_event_id: LastEventId = None, principal: Principal = Allow(*ANY)) -> Any:
+                         last_event_id: LastEventId = None, access_token: AccessToken = None,
+                         principal: Principal = Allow(*ANY)) -> Any:
     """Committed events of the project only: ``version.published``, ``head.moved``, ``draft.discarded``.
     An observer never learns of a draft: its stream carries ``version.published`` and ``head.moved`` only,
     and no event that names a draft."""
@@ -256,6 +291,8 @@ async def project_events(project_id: str, request: Request, store: StoreDep,
     observer = principal.role == Role.OBSERVER
     types = PUBLISHED if observer else COMMITTED
     if _wants_json(request):
-        return await run_sync(_page, store, f"project:{project_id}", after, before, limit, types, observer)
+        return await run_sync(_page, store, f"project:{project_id}", _position(None, after), before, limit, types,
+                              observer)
     position = _position(last_event_id, after)
-    return _response(request, _Stream(store, f"project:{project_id}", None, types, no_drafts=observer), position)
+    return _response(request, _Stream(store, f"project:{project_id}", None, types, no_drafts=observer,
+                                      project_id=project_id), position)
