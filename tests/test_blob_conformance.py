@@ -95,9 +95,15 @@ def test_a_corrupted_object_is_refused_with_checksum_mismatch(blob_store: BlobSt
     assert info.value.details["actual"] == digest_of(b"tampered content")
 
 
-@pytest.mark.parametrize("damage", [b"tampered content", b"the real", b"the real contenT", b""])
-def test_storing_an_object_again_repairs_a_damaged_copy(blob_store: BlobStore, damage: bytes) -> None:
-    data = b"the real content"
+BIG = os.urandom(3 * 1024 * 1024 + 5)
+
+
+@pytest.mark.parametrize("data,damage", [(b"the real content", b"tampered content"),
+                                         (b"the real content", b"the real"),
+                                         (b"the real content", b"the real contenT"),
+                                         (b"the real content", b""),
+                                         (BIG, BIG[:-1] + bytes([BIG[-1] ^ 1]))])  # past the first chunk
+def test_storing_an_object_again_repairs_a_damaged_copy(blob_store: BlobStore, data: bytes, damage: bytes) -> None:
     digest = blob_store.put(data)
     key = object_key(digest)
     blob_store._delete_raw(key)  # type: ignore[attr-defined]

@@ -278,6 +278,63 @@ def test_json_nested_past_the_depth_limit_is_refused_and_changes_nothing(store, 
     do(store, p, t if t is not None else None, nested(195))  # well inside the limit: taken
 
 
+def test_a_json_patch_that_nests_its_result_too_deep_is_an_invalid_patch(store):
+    """Each ``copy`` of a deep branch into its own deepest point doubles the depth: the result
+    is refused as the patch's fault, however deep the copies make it (no stack overflow)."""
+    p = new_project(store)
+    t = store.start_turn(p.id, "work")
+    branch: dict = {}
+    for _ in range(150):
+        branch = {"k": branch}
+    store.patch_characters(t.id, {"d": branch})  # 151 levels: taken
+    deepest = "/d" + "/k" * 150
+    before = snapshot(store, p.id)
+    for copies in (1, 4):
+        ops = [{"op": "copy", "from": "/d", "path": deepest + "/k" * (i * 150) + "/x"} for i in range(copies)]
+        with pytest.raises(PatchInvalid) as exc:
+            store.patch_characters(t.id, ops)
+        refused(exc, PatchInvalid, "patch.invalid")
+    assert snapshot(store, p.id) == before
+
+
+def test_depth_is_measured_on_the_text_as_a_walk_of_the_value_would_measure_it():
+    """The depth check reads the JSON text (numpy, a chunk at a time): brackets inside strings,
+    escaped quotes and backslash runs, across chunk edges of any size, never fool it."""
+    import json
+    import random
+
+    from draftstore import validation
+
+    def walked(x):
+        if isinstance(x, dict):
+            return 1 + max((walked(c) for c in x.values()), default=0)
+        if isinstance(x, list):
+            return 1 + max((walked(c) for c in x), default=0)
+        return 0
+
+    rng = random.Random(7)
+    texts = ['a"b', "\\", '\\"[', "]]", "{", "x\\\\", 1, None, "\u00e9[", '"', "\\\\\\", '\\\\"']
+
+    def gen(depth=0):
+        r = rng.random()
+        if depth > 12 or r < 0.3:
+            return rng.choice(texts)
+        if r < 0.65:
+            return [gen(depth + 1) for _ in range(rng.randint(0, 3))]
+        return {rng.choice(["k", "[", '"{', "\\"]) + str(i): gen(depth + 1) for i in range(rng.randint(0, 3))}
+
+    chunk = validation._DEPTH_CHUNK
+    try:
+        for size in (chunk, 1, 2, 3, 7, 64):
+            validation._DEPTH_CHUNK = size
+            for _ in range(400):
+                value = gen()
+                text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+                assert validation._depth(text) == walked(value), (size, text)
+    finally:
+        validation._DEPTH_CHUNK = chunk
+
+
 def test_the_depth_limit_is_exactly_200_levels():
     from draftstore import validation
 

@@ -257,6 +257,7 @@ def test_http_refuses_observers_other_projects_and_their_turns(service: Service)
     cases = [
         (service.token("observer"), url, 403, "auth.forbidden"),
         (service.token("observer", project_id=mine), url, 403, "auth.forbidden"),
+        (service.token("observer", project_id=other), url, 404, "project.not_found"),  # 404 before 403
         (service.token("agent", project_id=other), url, 404, "project.not_found"),
         (service.token("agent", project_id=other), f"{url}/turns/{turn_id}", 404, "project.not_found"),
         (service.admin, f"{url}/turns/{other_turn}", 404, "turn.not_found"),

@@ -514,6 +514,8 @@ def test_a_bad_cursor_or_limit_is_refused(service: Service) -> None:
             raw = json.dumps([kind, "2020-01-01T00:00:00+00:00", bad_id]).encode()
             forged = base64.urlsafe_b64encode(raw).decode().rstrip("=")
             err(c.get(url, params={"cursor": forged}), 422, "input.invalid")
+        deep = base64.urlsafe_b64encode(b"[" * 6000).decode().rstrip("=")  # too deep for any JSON parser
+        err(c.get(url, params={"cursor": deep}), 422, "input.invalid")
     # a cursor is bound to its list
     cursor = ok(c.get(f"/v1/turns/{t.id}/tool-calls", params={"limit": 1}))["next_cursor"]
     assert cursor is not None

@@ -462,6 +462,9 @@ def test_an_eventsource_which_cannot_send_headers_authenticates_with_access_toke
     # any other route: the header or nothing
     r = httpx.get(f"{service.url}/v1/projects/{p}", params={"access_token": agent})
     assert (r.status_code, r.json()["code"]) == (401, "auth.required")
+    for path in ("view/files/docs/events", "view/stat/docs/events"):  # a file named like the route: no
+        r = httpx.get(f"{service.url}/v1/projects/{p}/{path}", params={"access_token": agent})
+        assert (r.status_code, r.json()["code"]) == (401, "auth.required"), path
 
 
 def test_the_parser_follows_the_whatwg_rules_on_any_split_of_the_bytes():

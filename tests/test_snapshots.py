@@ -298,6 +298,32 @@ def test_a_rebuild_that_fails_leaves_the_destination_empty(store: Store, store_f
     assert dest.is_dir() and os.listdir(dest) == []
 
 
+def test_a_disk_failure_while_writing_from_a_snapshot_leaves_the_destination_empty(
+        store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The snapshot path too: a write that fails on the local disk (full, say) midway leaves no
+    partial tree behind, and the error is the disk's (the snapshot is not blamed)."""
+    from draftstore import dirwriter
+
+    files = {f"f/{i:04d}.txt": b"%d\n" % i for i in range(600)}
+    p = store.create_project("disk", files=files)
+    snap = store.create_snapshot(p.id)
+    write = dirwriter.DirectoryWriter.write
+    calls = {"n": 0}
+
+    def failing(self: Any, *args: Any, **kwargs: Any) -> Any:
+        calls["n"] += 1
+        if calls["n"] == 300:
+            raise OSError(28, "No space left on device")
+        return write(self, *args, **kwargs)
+
+    monkeypatch.setattr(dirwriter.DirectoryWriter, "write", failing)
+    dest = tmp_path / "dest"
+    with pytest.raises(OSError):
+        store.materialize(p.id, dest, state="head")
+    assert dest.is_dir() and os.listdir(dest) == []
+    assert snapshot(store, p.id, snap.id).status == "ready"
+
+
 def test_materialize_reports_progress(store: Store, tmp_path: Path) -> None:
     files = {f"f/{i:04d}.txt": b"%d\n" % i for i in range(600)}
     p = store.create_project("progress", files=files)

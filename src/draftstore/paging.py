@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_LIMIT", "MAX_LIMIT", "limit", "encode", "decode", "page", "b
 
 DEFAULT_LIMIT = 50
 MAX_LIMIT = 200
-# a cursor holding the longest path (1,024 bytes of UTF-8, JSON-escaped, base64-encoded) fits
+# a cursor holding a path of 6,000 bytes of UTF-8 (base64-encoded) fits: six times the default path limit
 MAX_CURSOR_CHARS = 8192
 
 T = TypeVar("T")
@@ -44,8 +44,9 @@ def limit(value: Any) -> int:
 
 
 def encode(kind: str, key: Sequence[Any]) -> str:
+    # UTF-8 as is (not \u escapes): a cursor holding a path of non-ASCII text stays short
     raw = json.dumps([kind, *[k.isoformat() if isinstance(k, datetime) else k for k in key]],
-                     separators=(",", ":"))
+                     separators=(",", ":"), ensure_ascii=False)
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
@@ -59,7 +60,7 @@ def decode(kind: str, cursor: Any, shape: Sequence[type]) -> list[Any] | None:
         raise bad
     try:
         raw = json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except (binascii.Error, ValueError, UnicodeDecodeError):
+    except (binascii.Error, ValueError, UnicodeDecodeError, RecursionError):  # RecursionError: forged nesting
         raise bad from None
     if not isinstance(raw, list) or len(raw) != len(shape) + 1 or raw[0] != kind:
         raise bad

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -277,7 +277,8 @@ class Projects:
         events: list[tuple[datetime, tuple[str, dict[str, Any]]]] = [
             (aware(m.at), ("version.published", {"version_id": m.to_version_id, "number": m.number})
              if m.reason == HeadMoveReason.PUBLISH
-             else ("head.moved", {"to_version_id": m.to_version_id, "at": aware(m.at).isoformat()}))
+             else ("head.moved", {"to_version_id": m.to_version_id,
+                                  "at": aware(m.at).astimezone(timezone.utc).isoformat()}))
             for m in reversed(moves)]
         events += [(aware(d.closed_at), ("draft.discarded", {"draft_id": d.id})) for d in reversed(discarded)]
         events.sort(key=lambda e: e[0])  # stable: moves keep their order within one instant

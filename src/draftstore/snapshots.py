@@ -199,6 +199,14 @@ class Snapshots:
         dest = Path(dest_dir)
         view, kind, source_id = self._resolve(project_id, state)
         _prepare(dest, replace)
+        try:
+            return self._write(view, kind, source_id, dest, progress, use_snapshot)
+        except BaseException:
+            _clear_after_failure(dest)  # never a partial tree: the caller finds dest empty
+            raise
+
+    def _write(self, view: View, kind: str, source_id: str, dest: Path, progress: Progress | None,
+               use_snapshot: bool) -> Materialized:
         snap = self._usable(view, kind, source_id) if use_snapshot else None
         if snap is not None:
             # the bundle's GET runs beside the walk of the tree every member is checked against
@@ -214,11 +222,7 @@ class Snapshots:
             except (E.BlobNotFound, E.IntegrityError, E.InvalidInput, zstandard.ZstdError) as exc:
                 self._mark(snap.id, SnapshotStatus.FAILED, error=f"unusable bundle: {exc}"[:2000])
                 _prepare(dest, replace=True)
-        try:
-            written = self._rebuild(view, dest, progress)
-        except BaseException:
-            _clear_after_failure(dest)  # never a partial tree: the caller finds dest empty
-            raise
+        written = self._rebuild(view, dest, progress)
         return Materialized("rebuild", *written, view.root, None, kind, source_id, view.characters,
                             view.world_settings)
 
@@ -294,7 +298,7 @@ def _chunks(items: list[Any]) -> Iterator[list[Any]]:
 
 
 def _clear_after_failure(dest: Path) -> None:
-    """Empty ``dest`` after a failed rebuild; a failure to clear it leaves the first error to tell."""
+    """Empty ``dest`` after a failed materialise; a failure to clear it leaves the first error to tell."""
     try:
         _prepare(dest, replace=True)
     except (OSError, E.DraftstoreError):

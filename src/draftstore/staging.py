@@ -241,11 +241,12 @@ class Staging:
                 try:
                     new = jsonpatch.JsonPatch(patch).apply(current)
                 except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError,
-                        ValueError, AttributeError, IndexError) as exc:
+                        ValueError, AttributeError, IndexError, RecursionError) as exc:  # Recursion: copies nesting
                     raise E.PatchInvalid(f"JSON Patch not applicable to {field}: {exc}", field=field) from exc
             else:
                 new = merge_patch(current, patch)
-            text = check.json_value(field, new, self.b.limits.max_json_state_bytes)
+            # a result that is not a document the store keeps (too deep, too large) is the patch's fault
+            text = check.json_value(field, new, self.b.limits.max_json_state_bytes, error=E.PatchInvalid)
             conn.execute(D.update().where(D.c.id == draft.id).values(**{column: text}))
         self.b.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
         return new

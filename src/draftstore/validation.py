@@ -18,6 +18,8 @@ import secrets
 from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
+
 from . import errors as E
 from .paths import normalize_path, parent_dirs
 from .settings import Limits
@@ -111,22 +113,54 @@ def actor(value: Any) -> str | None:
 MAX_JSON_DEPTH = 200  # arrays and objects inside one another; deeper documents are refused
 
 
-def _nests_deeper(value: Any, limit: int) -> bool:
-    """Whether arrays and objects nest more than ``limit`` levels in ``value`` (no recursion:
-    the check itself must not overflow the stack it protects)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        v, depth = stack.pop()
-        if isinstance(v, dict):
-            children: Any = v.values()
-        elif isinstance(v, (list, tuple)):
-            children = v
-        else:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list, tuple)))
-    return False
+_DEPTH_CHUNK = 1 << 22  # bytes of JSON text looked at at a time (bounded temporary arrays)
+_KIND = np.zeros(256, np.int8)  # per byte: +1 opens a level, -1 closes one, 2 a quote, 0 anything else
+_KIND[[0x5B, 0x7B]], _KIND[[0x5D, 0x7D]], _KIND[0x22] = 1, -1, 2
+
+
+def _depth(text: str) -> int:
+    """How deep arrays and objects nest in the JSON ``text``, at numpy speed (a tool result
+    may be megabytes). Brackets inside strings are text: a quote opens or closes a string
+    unless an odd run of backslashes precedes it. Read a chunk at a time, carrying the
+    depth, whether a string is open, and the backslashes ending the chunk before."""
+    data = text.encode("utf-8")  # multi-byte characters hold no ASCII byte: quotes and brackets are safe
+    depth = deepest = open_string = slashes = 0
+    for start in range(0, len(data), _DEPTH_CHUNK):
+        raw = data[start:start + _DEPTH_CHUNK]
+        b = np.frombuffer(raw, np.uint8)
+        kind = _KIND[b]
+        at = np.flatnonzero(kind)  # quotes and brackets only: a small share of the text
+        k = kind[at]
+        quote = k == 2
+        if slashes or b"\\" in raw:  # a quote after an odd run of backslashes is text
+            quote[quote] = _unescaped(b, at[quote], slashes)
+        inside = (np.cumsum(quote, dtype=np.int64) + open_string) % 2 == 1
+        step = np.where(quote | inside | (k == 2), 0, k).astype(np.int64)
+        levels = np.cumsum(step) + depth
+        if len(levels):
+            deepest = max(deepest, int(levels.max()))
+            depth, open_string = int(levels[-1]), int(inside[-1])
+        tail = len(raw) - len(raw.rstrip(b"\\"))
+        slashes = slashes + tail if tail == len(raw) else tail
+    return deepest
+
+
+def _unescaped(b: Any, quotes: Any, carried: int) -> Any:
+    """For the quotes at positions ``quotes`` of the chunk ``b``: True where an even run of
+    backslashes (none included) precedes it; ``carried`` backslashes end the chunk before.
+    Works on the backslashes' positions only (code in JSON strings has one per line)."""
+    bs = np.flatnonzero(b == 0x5C)
+    if not len(bs):
+        return np.where(quotes == 0, carried % 2 == 0, True)
+    new_run = np.ones(len(bs), bool)
+    new_run[1:] = np.diff(bs) != 1
+    starts = bs[np.maximum.accumulate(np.where(new_run, np.arange(len(bs)), 0))]  # each one's run start
+    starts = np.where(starts == 0, -carried, starts)  # a run from the chunk's start goes on the carried one
+    last = np.searchsorted(bs, quotes) - 1  # the last backslash before each quote
+    at = np.maximum(last, 0)
+    adjacent = (last >= 0) & (bs[at] == quotes - 1)
+    run = np.where(adjacent, quotes - starts[at], np.where(quotes == 0, carried, 0))
+    return run % 2 == 0
 
 
 def json_text(field: str, value: Any, max_bytes: int, *,
@@ -149,7 +183,7 @@ def json_text(field: str, value: Any, max_bytes: int, *,
     if size > max_bytes:
         raise E.PayloadTooLarge(f"{field} is larger than {max_bytes} bytes", field=field, limit=max_bytes)
     # an opening bracket per level: a text with few of them (in strings or not) cannot nest deep
-    if out.count("[") + out.count("{") > MAX_JSON_DEPTH and _nests_deeper(value, MAX_JSON_DEPTH):
+    if out.count("[") + out.count("{") > MAX_JSON_DEPTH and _depth(out) > MAX_JSON_DEPTH:
         raise error(f"{field} nests arrays and objects more than {MAX_JSON_DEPTH} levels deep", field=field,
                     limit=MAX_JSON_DEPTH)
     return JSONText(out), "\\u0000" in out and _JSON_NUL.search(out) is not None

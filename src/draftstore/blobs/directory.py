@@ -34,11 +34,7 @@ class DirectoryBlobStore(BlobStoreBase):
 
     def _put_raw(self, key: str, data: bytes) -> None:
         path = self._path(key)
-        try:
-            same = path.read_bytes() == data  # a damaged copy (truncated, overwritten) is written anew
-        except FileNotFoundError:
-            same = False  # not stored yet, or swept meanwhile: write it
-        if same:
+        if _holds(path, data):  # else: not stored yet, swept meanwhile, or a damaged copy: written anew
             try:
                 os.utime(path)  # stored again: young again (see BlobStoreBase.put)
                 return
@@ -106,3 +102,22 @@ class DirectoryBlobStore(BlobStoreBase):
             except FileNotFoundError:  # deleted while listing
                 continue
             yield key, st.st_size, st.st_mtime
+
+
+_COMPARE_CHUNK = 1 << 20
+
+
+def _holds(path: Path, data: bytes) -> bool:
+    """Whether the file at ``path`` holds exactly ``data`` (its size first, then its bytes a
+    chunk at a time: a large bundle is not read whole a second time). Unreadable: no."""
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size != len(data):
+                return False
+            view = memoryview(data)
+            for start in range(0, len(data), _COMPARE_CHUNK):
+                if f.read(_COMPARE_CHUNK) != view[start:start + _COMPARE_CHUNK]:
+                    return False
+            return True
+    except OSError:
+        return False

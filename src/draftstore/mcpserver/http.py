@@ -8,8 +8,9 @@ URLs (each is one MCP endpoint; POST carries JSON-RPC):
 
 Every request is authenticated by the service's own ``Authenticator``: an
 agent or admin token (or open mode on loopback); an observer token is
-``auth.forbidden`` (403); a token scoped to another project, an unknown project
-or a turn of another project is not found (404), so ids never leak. Refusals
+``auth.forbidden`` (403); a token scoped to another project (whatever its role),
+an unknown project or a turn of another project is not found (404), so ids
+never leak. Refusals
 are the service's error bodies ``{"code", "message", "details", "retryable"}``.
 
 Open mode (no token exists; every loopback client is an admin) serves loopback
@@ -142,10 +143,10 @@ class McpHttpApp:
         # open mode: the authenticator refuses a non-loopback Host or Origin (DNS rebinding),
         # which is why the SDK's own host check is off (see lifespan)
         principal = await auth.principal_async(Request(scope))
+        if not principal.may_see(project_id):  # before the role: another project is not found, whoever asks
+            raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         if principal.role not in (Role.ADMIN, Role.AGENT):
             raise E.Forbidden(f"an {principal.role} token may not use the agent tools", role=principal.role)
-        if not principal.may_see(project_id):
-            raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         await run_in_threadpool(self._projects.check, store, project_id)
         if turn_id is not None:
             owner = await run_in_threadpool(app.state.turn_projects.project_of, store, turn_id)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import re
 import threading
 import time
 from collections import OrderedDict
@@ -63,12 +64,15 @@ async def get_store(request: Request) -> Store:
 StoreDep = Annotated[Store, Depends(get_store)]
 
 
+_EVENT_ROUTE = re.compile(r"/v1/(?:projects|turns)/[^/]+/events")  # the two event streams, nothing below them
+
+
 def credential(request: Request) -> str | None:
     """The request's ``Authorization`` header; for a GET of an event stream without one, the
     ``access_token`` query parameter as a bearer token (a browser's ``EventSource`` cannot
     send headers). Nowhere else: a token in a URL can end up in a proxy's logs."""
     header = request.headers.get("authorization")
-    if header is None and request.method == "GET" and request.url.path.endswith("/events"):
+    if header is None and request.method == "GET" and _EVENT_ROUTE.fullmatch(request.url.path):
         token = request.query_params.get("access_token")
         if token:
             return f"Bearer {token}"
