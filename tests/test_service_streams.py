@@ -467,6 +467,28 @@ def test_an_eventsource_which_cannot_send_headers_authenticates_with_access_toke
         assert (r.status_code, r.json()["code"]) == (401, "auth.required"), path
 
 
+@pytest.mark.parametrize("path,root,method,taken", [
+    ("/v1/turns/t1/events", "", "GET", True),
+    ("/v1/projects/p1/events", "", "GET", True),
+    ("/v1/turns/t1/events", "/api", "GET", True),  # served under a root path (a proxy's prefix)
+    ("/v1/turns/t1/events", "", "POST", False),
+    ("/v1/projects/p1/view/files/v1/projects/x/events", "", "GET", False),  # a file path, not the route
+    ("/v1/projects/p1/view/files/docs/events", "", "GET", False),
+    ("/api/v1/projects/p1/events", "", "GET", False),  # a prefix the app was not told of
+    ("/v1/projects/p1/events/x", "", "GET", False),
+])
+def test_access_token_is_read_on_the_event_routes_alone(path: str, root: str, method: str, taken: bool):
+    from starlette.requests import Request
+
+    from draftstore.service.auth import credential
+
+    scope = {"type": "http", "method": method, "path": root + path, "root_path": root,
+             "query_string": b"access_token=dst_x", "headers": []}
+    assert credential(Request(scope)) == ("Bearer dst_x" if taken else None)
+    with_header = {**scope, "headers": [(b"authorization", b"Bearer dst_header")]}
+    assert credential(Request(with_header)) == "Bearer dst_header"  # the header always wins
+
+
 def test_the_parser_follows_the_whatwg_rules_on_any_split_of_the_bytes():
     stream = ("\ufeff: hello\r\nid: a:1\r\nevent: one\r\ndata: x\r\n\r\n"  # BOM, comment, CRLF
               "data: y\ndata: z\n\n"  # no id: keeps a:1; two data lines join with LF

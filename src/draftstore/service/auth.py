@@ -72,11 +72,17 @@ def credential(request: Request) -> str | None:
     ``access_token`` query parameter as a bearer token (a browser's ``EventSource`` cannot
     send headers). Nowhere else: a token in a URL can end up in a proxy's logs."""
     header = request.headers.get("authorization")
-    if header is None and request.method == "GET" and _EVENT_ROUTE.fullmatch(request.url.path):
+    if header is None and request.method == "GET" and _EVENT_ROUTE.fullmatch(_route_path(request)):
         token = request.query_params.get("access_token")
         if token:
             return f"Bearer {token}"
     return header
+
+
+def _route_path(request: Request) -> str:
+    """The request's path as the app's routes see it (without the root path it is served under)."""
+    path, root = request.url.path, request.scope.get("root_path", "")
+    return path[len(root):] if root and path.startswith(root) else path
 
 
 class Authenticator:
