@@ -6,6 +6,7 @@ import threading
 import time
 from typing import Any
 
+from draftstore.errors import BackendUnavailable
 from draftstore.events import Activity, EventPublisher
 
 
@@ -203,5 +204,56 @@ def test_events_emitted_while_the_publisher_closes_are_settled_so_append_now_sta
     try:
         assert [e.type for e in coordinator.read("turn:t7")] == ["tool.started", "tool.completed"]
         assert publisher._unsettled == 0  # noqa: SLF001 - nothing left counted as pending
+    finally:
+        publisher.close()
+
+
+class Refusing:
+    """The coordinator under test, refusing appends while ``down``: an outage as the publisher meets it
+    (the events and epochs are the real coordinator's)."""
+
+    def __init__(self, coord: Any) -> None:
+        self.coord, self.down = coord, False
+
+    def append_many(self, events: Any) -> Any:
+        if self.down:
+            raise BackendUnavailable("coordinator unreachable (test)")
+        return self.coord.append_many(events)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.coord, name)
+
+
+def test_a_stream_that_lost_events_comes_back_under_a_new_epoch(coordinator: Any) -> None:
+    """An append the coordinator refused is not retried; its stream is dropped before the next
+    append to it, so a reader that kept its place sees another epoch (and rebuilds) instead of
+    reading on past the gap. A stream that lost nothing keeps its epoch and ids."""
+    flaky = Refusing(coordinator)
+    publisher = EventPublisher(flaky, linger_s=0.0)
+    try:
+        publisher.emit("turn:t1", "tool.started", {"seq": 1})
+        publisher.emit("turn:t2", "tool.started", {"seq": 1})
+        assert publisher.flush(timeout=10)
+        t1, t2 = coordinator.tail("turn:t1", 0, 10), coordinator.tail("turn:t2", 0, 10)
+        flaky.down = True
+        publisher.emit("turn:t1", "tool.started", {"seq": 2})  # lost with the outage
+        assert publisher.flush(timeout=10)
+        flaky.down = False
+        publisher.emit("turn:t1", "tool.started", {"seq": 3})
+        publisher.emit("turn:t2", "tool.started", {"seq": 2})
+        assert publisher.flush(timeout=10)
+        after = coordinator.tail("turn:t1", 0, 10)
+        assert after.epoch is not None and after.epoch != t1.epoch
+        assert [e.data["seq"] for e in after.events] == [3] and after.first_id == 1
+        kept = coordinator.tail("turn:t2", 0, 10)
+        assert kept.epoch == t2.epoch and [e.data["seq"] for e in kept.events] == [1, 2]
+        # append_now (a delta) on a stream that lost events starts it anew too, first
+        flaky.down = True
+        publisher.emit("turn:t2", "tool.started", {"seq": 3})
+        assert publisher.flush(timeout=10)
+        flaky.down = False
+        publisher.append_now("turn:t2", "assistant.delta", {"text": "x"})
+        again = coordinator.tail("turn:t2", 0, 10)
+        assert again.epoch != t2.epoch and [e.type for e in again.events] == ["assistant.delta"]
     finally:
         publisher.close()

@@ -934,6 +934,63 @@ def test_a_projects_stream_and_an_after_id_are_rebuilt_from_the_database_after_t
         assert r.status_code == 422 and r.json()["code"] == "input.invalid", bad
 
 
+def test_a_fresh_subscriber_to_a_turn_whose_buffer_was_recreated_gets_the_rebuilt_history(
+        service_factory, private_redis: PrivateRedis):
+    """A buffer created anew after a loss also starts at id 1, but not at the turn's start: a
+    client with no Last-Event-ID is sent the rebuilt history, not the new buffer's tail alone."""
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    tool_call(c, t)
+    wait_buffered(c, t, ends_with("tool.completed"))
+    with private_redis.client() as r:
+        r.flushall()
+    tool_call(c, t)
+    wait_buffered(c, t, ends_with("tool.completed"))
+    assert buffered(c, t)[0]["type"] == "tool.started"  # the new buffer: from the second call on
+    with sse(svc, f"/v1/turns/{t}/events") as es:
+        got = es.read_n(6)
+    assert got[0].type == "stream.rebuilt"
+    assert keys(got[1:]) == durable_keys(svc, t) == [("turn.started", None), ("tool.started", 1),
+                                                     ("tool.completed", 1), ("tool.started", 2),
+                                                     ("tool.completed", 2)]
+
+
+def test_a_json_page_of_only_hidden_events_says_where_the_next_page_starts(service: Service):
+    """A project's buffer holds its turns' events too, which its readers are not shown: a page
+    whose whole window is such events is empty, and ``next_after`` goes on past it."""
+    c = service.client()
+    p = new_project(c)
+    v1 = c.get(f"/v1/projects/{p}").json()["current_version_id"]
+    for _ in range(3):  # turn.started, turn.completed: six events no reader of the project sees
+        t = start_turn(c, p)
+        complete(c, t)
+    v2 = created(c.post(f"/v1/projects/{p}/publish", json={"summary": "x"}))["id"]
+    assert c.post(f"/v1/projects/{p}/rollback", json={"version_id": v2}).status_code == 200  # the head: no event
+    assert c.post(f"/v1/projects/{p}/rollback", json={"version_id": v1}).status_code == 200
+    deadline = time.monotonic() + 10
+    while page(c, f"/v1/projects/{p}/events", after=0, limit=1000)["events"][-1:] == [] or \
+            page(c, f"/v1/projects/{p}/events", after=0, limit=1000)["events"][-1]["type"] != "head.moved":
+        assert time.monotonic() < deadline, "the project's events never reached its buffer"
+        time.sleep(0.02)
+    first = page(c, f"/v1/projects/{p}/events", after=0, limit=2)
+    assert first["events"] == [] and first["has_more_after"] and first["next_after"].endswith(":2")
+    seen, after = [], "0"
+    for _ in range(20):
+        got = page(c, f"/v1/projects/{p}/events", after=after, limit=2)
+        seen += got["events"]
+        after = got["next_after"]
+        if not got["has_more_after"]:
+            break
+    assert [(e["type"], without_at(e["data"])) for e in seen] == [
+        ("version.published", {"version_id": v2, "number": 2}), ("head.moved", {"to_version_id": v1})]
+    # backwards too: from the end, the page before goes on from where the window began
+    last = page(c, f"/v1/projects/{p}/events", before=10**6, limit=2)
+    assert [e["type"] for e in last["events"]] == ["version.published", "head.moved"]
+    assert page(c, f"/v1/projects/{p}/events", before=last["next_before"], limit=2)["events"] == []
+
+
 def usage(pid: int, port: int) -> dict[str, int]:
     """A service process, from /proc: threads, open file descriptors, resident memory (KiB), and
     ``clients``: the connections it accepted on ``port`` that it holds (its pools' sockets not counted)."""

@@ -9,6 +9,11 @@ them. ``flush`` waits until everything queued so far is appended (the store
 calls it before reading events and on close, so a process reads its own
 events).
 
+An event the coordinator refuses (it is unreachable) is not retried: its
+stream is dropped before the next append to it, so the stream comes back
+under a new epoch and its readers rebuild it from the database, instead of
+reading on past a gap they cannot see.
+
 The one exception is an event nothing else records: an assistant text delta
 lives only in the buffer (no row per delta). ``append_now`` appends such an
 event before it returns, after everything queued before it, and raises if the
@@ -110,6 +115,10 @@ class EventPublisher:
         self._thread: threading.Thread | None = None
         self._start_lock = threading.Lock()
         self.dropped = 0
+        # streams some of whose events the coordinator refused: each is dropped (trimmed) before
+        # its next append, so it comes back under a new epoch and its readers rebuild from the database
+        self._lost: set[str] = set()
+        self._lost_lock = threading.Lock()
 
     def _ensure_thread(self) -> None:
         if self._thread is None:
@@ -171,6 +180,7 @@ class EventPublisher:
             idle = self._unsettled == 0
         if not idle:
             self.flush()
+        self._recreate_lost()
         return self.coord.append(stream, type, data)
 
     def _settle(self, n: int) -> None:
@@ -228,11 +238,25 @@ class EventPublisher:
         if not events:
             return
         try:
+            self._recreate_lost()
             self.coord.append_many(events)
-        except DraftstoreError as exc:
-            log.warning("%d events not buffered: %s", len(events), exc)
-        except Exception:  # never let one bad batch kill the publisher
-            log.exception("%d events not buffered", len(events))
+        except Exception as exc:  # never let one bad batch kill the publisher
+            with self._lost_lock:
+                self._lost.update(stream for stream, _, _ in events)
+            if isinstance(exc, DraftstoreError):
+                log.warning("%d events not buffered (their streams start anew once the coordinator "
+                            "answers): %s", len(events), exc)
+            else:
+                log.exception("%d events not buffered", len(events))
+
+    def _recreate_lost(self) -> None:
+        """Drop the streams that lost events, before anything more is appended to them: a reader
+        that kept its place in one would otherwise go on past the gap without knowing. Raises
+        the coordinator's error (the streams stay marked)."""
+        with self._lost_lock:
+            for stream in sorted(self._lost):
+                self.coord.trim(stream)
+                self._lost.discard(stream)
 
     def _expire(self, stream: str, ttl_s: float) -> None:
         try:

@@ -290,10 +290,12 @@ class Projects:
             project = self.load(conn, project_id, lock=True)
             now = utcnow()  # after the lock: head moves are stamped in the order they happen
             version = self.load_version(conn, version_id, project_id)
-            if project.current_version_id != version.id:
+            moved = project.current_version_id != version.id
+            if moved:
                 self.move_head(conn, project_id, project.current_version_id, version.id, HeadMoveReason.ROLLBACK,
                                actor, now)
             result = project_record(self.load(conn, project_id))
-        # ``at`` (the head move's own time) tells two moves to the same version apart
-        self.b.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id, "at": now.isoformat()})
+        if moved:  # a rollback to the head itself moves nothing, and says nothing
+            # ``at`` (the head move's own time) tells two moves to the same version apart
+            self.b.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id, "at": now.isoformat()})
         return result

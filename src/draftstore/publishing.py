@@ -85,11 +85,11 @@ class Publishing:
         check.project_id(project_id)
         actor = check.actor(actor)
         fold = self.sealing.prepare_open(project_id)
-        now = utcnow()
         rolled_back: Turn | None = None
         try:
             with self.b.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
+                now = utcnow()  # after the lock: a discard is stamped in the order it happens (as head moves are)
                 draft = self.drafts.lock_open(conn, project, "discard")
                 if draft.status == DraftStatus.PUBLISHING:
                     raise E.DraftBusy(f"draft {draft.id} is being published", draft_id=draft.id)

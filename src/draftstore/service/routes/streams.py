@@ -33,7 +33,10 @@ With ``Accept: application/json`` the route returns one page of buffered
 events instead: ids in ``(after, before)``, the oldest ``limit`` of them, or
 with ``before`` alone the newest ``limit`` (paging backwards);
 ``has_more_before`` / ``has_more_after`` tell whether the buffer holds events
-before the page / after it.
+before the page / after it, and ``next_after`` / ``next_before`` are what to
+pass for the next page either way (a window holding only events this reader
+may not see, say a project's turn events, gives an empty page: the next one
+starts past it).
 """
 
 from __future__ import annotations
@@ -158,8 +161,10 @@ class _Stream:
             self.epoch, self.after = tail.epoch, tail.last_id  # a project's subscriber wants what happens next
             return
         if position is None:
-            if tail.epoch is not None and tail.first_id <= 1:
-                self.epoch, self.after = tail.epoch, 0  # the whole history is buffered
+            # the whole history is buffered: from the turn's start (a buffer created anew after a loss
+            # also starts at 1, with the turn's later events)
+            if tail.epoch is not None and tail.first_id <= 1 and tail.events and tail.events[0].type == "turn.started":
+                self.epoch, self.after = tail.epoch, 0
             else:
                 async for e in self.rebuilt("the buffer no longer holds this stream's whole history"):
                     yield e
@@ -226,22 +231,28 @@ def _response(request: Request, stream: _Stream, position: tuple[str | None, int
 
 def _page(store: Store, stream: str, position: tuple[str | None, int] | None, before: int | None, limit: int,
           types: set[str] | None, no_drafts: bool = False) -> JSON:
+    head = store.coord.tail(stream, MAX_EVENT_ID, 0)  # the buffer's epoch and id range, once
     after = None if position is None else position[1]
-    if position is not None and position[0] is not None and position[0] != store.coord.tail(stream, MAX_EVENT_ID, 0).epoch:
+    if position is not None and position[0] is not None and position[0] != head.epoch:
         after = 0  # the buffer that id was of is gone: this one from its start (its ``epoch`` tells the client)
     if after is None:
         after = 0
         if before is not None:  # paging backwards: the newest ``limit`` events before ``before``
-            end = min(before, store.coord.tail(stream, MAX_EVENT_ID, 0).last_id + 1)
+            end = min(before, head.last_id + 1)
             after = max(0, end - 1 - limit)
     tail = store.coord.tail(stream, after, limit if before is None else max(0, min(limit, before - after - 1)))
+    if tail.epoch != head.epoch:  # the buffer was lost between the two reads: nothing of it to page
+        tail = store.coord.tail(stream, MAX_EVENT_ID, 0)
     events = [e for e in tail.events if before is None or e.id < before]
     shown = [{"id": f"{tail.epoch}:{e.id}", "type": e.type, "data": e.data}
              for e in events if (types is None or e.type in types) and not (no_drafts and _hidden(e.type, e.data))]
     last = events[-1].id if events else after
-    # whether the buffer holds events before the page's first id / after its last (whatever the window asked)
+    first = events[0].id if events else (before if before is not None else after + 1)
+    # whether the buffer holds events before the page's first id / after its last (whatever the window asked);
+    # where the window ended (a page of events this reader may not see is empty, and the next one is there)
     return JSON({"events": shown, "epoch": tail.epoch, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
-                 "has_more_after": last < tail.last_id})
+                 "has_more_after": last < tail.last_id,
+                 "next_after": f"{tail.epoch or '-'}:{last}", "next_before": first})
 
 
 def _wants_json(request: Request) -> bool:
