@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import re2
@@ -311,7 +312,7 @@ class Searcher:
         if needle is not None and b"\n" not in needle:
             return self._run_literal(files, needle)  # the common case: a literal within one line
         result = SearchResult()
-        for path, read in self._from_cursor(files):
+        for path, read in self.from_cursor(files):
             data = read()
             result.files_searched += 1
             if needle is not None and _sz_find(data, needle) < 0:
@@ -326,9 +327,9 @@ class Searcher:
                 break
         return result
 
-    def _from_cursor(self, files: Iterable[tuple[str, Callable[[], bytes]]]
-                     ) -> Iterable[tuple[str, Callable[[], bytes]]]:
-        """The files from the cursor's on (all of them without one)."""
+    def from_cursor(self, files: Iterable[tuple[str, Any]]) -> Iterable[tuple[str, Any]]:
+        """The ``(path, ...)`` items from the cursor's file on (all of them without a cursor):
+        a caller that reads files lazily filters before reading."""
         if self._after is None:
             return files
         first = self._after[0]
@@ -353,7 +354,7 @@ class Searcher:
         before: tuple[str, ...] = ()
         after: tuple[str, ...] = ()
         searched = 0
-        for path, read in self._from_cursor(files):
+        for path, read in self.from_cursor(files):
             data = read()
             searched += 1
             at = find(data, needle)

@@ -207,7 +207,7 @@ class Snapshots:
 
     def _write(self, view: View, kind: str, source_id: str, dest: Path, progress: Progress | None,
                use_snapshot: bool) -> Materialized:
-        snap = self._usable(view, kind, source_id) if use_snapshot else None
+        snap = self._usable(view) if use_snapshot else None
         if snap is not None:
             # the bundle's GET runs beside the walk of the tree every member is checked against
             bundle = self.b.beside(self.b.blobs.get, Digest(snap.bundle_key))
@@ -226,17 +226,12 @@ class Snapshots:
         return Materialized("rebuild", *written, view.root, None, kind, source_id, view.characters,
                             view.world_settings)
 
-    def _usable(self, view: View, kind: str, source_id: str) -> Snapshot | None:
-        """A ready snapshot of exactly this tree, if any; the draft's latest snapshot is marked stale
-        when the draft moved on from it."""
+    def _usable(self, view: View) -> Snapshot | None:
+        """A ready snapshot of exactly this tree, if any (a draft's snapshots of other trees were
+        marked stale when its tree changed: ``Sealing.apply``)."""
         if view.overlay:
             return None
-        with self.b.tx() as conn:
-            if kind == "draft":
-                latest = conn.execute(sa.select(S.c.id, S.c.root).select_from(D.join(S, S.c.id == D.c.snapshot_id))
-                                      .where(D.c.id == source_id, S.c.status == "ready")).first()
-                if latest is not None and latest.root != view.root:
-                    conn.execute(S.update().where(S.c.id == latest.id).values(status=SnapshotStatus.STALE))
+        with self.b.statement(read_only=True) as conn:
             row = conn.execute(sa.select(S).where(S.c.project_id == view.project_id, S.c.root == view.root,
                                                   S.c.status == "ready", S.c.bundle_key.is_not(None))
                                .order_by(S.c.created_at.desc()).limit(1)).first()

@@ -290,10 +290,8 @@ class View:
             selected = self._candidates(units, base, complete)
             if rx is not None:
                 selected = [(p, d) for p, d in selected if rx.match(p)]
-        if after is not None:  # files before the cursor's are not read
-            first = after[0]
-            selected = (item for item in selected if item[0] >= first)
-        return searcher.run(self._prefetched(iter(selected)))
+        # files before the cursor's are not read (nor prefetched)
+        return searcher.run(self._prefetched(iter(searcher.from_cursor(selected))))
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
         """The trigram indexes of the packed subtrees below ``base``: (prefix -> (kind,

@@ -77,6 +77,12 @@ def _hidden(type_: str, data: Any) -> bool:
     return type_.startswith("draft.") or (isinstance(data, dict) and "draft_id" in data)
 
 
+def _shown(types: set[str] | None, no_drafts: bool, type_: str, data: Any) -> bool:
+    """Whether a reader of the stream sees this event: one of its ``types`` (None: every
+    type), and none about a draft for an observer (``no_drafts``)."""
+    return (types is None or type_ in types) and not (no_drafts and _hidden(type_, data))
+
+
 def _event_id(value: str, field: str) -> tuple[str | None, int]:
     """An event id as a client sends it back: ``<epoch>:<n>`` as sent, or a bare ``n``."""
     epoch, sep, n = value.rpartition(":")
@@ -143,7 +149,7 @@ class _Stream:
         else:
             events = [(t, d) for t, d in await run_sync(self.store.durable_project_events, self.project_id,
                                                         PROJECT_REBUILD)
-                      if (self.types is None or t in self.types) and not (self.no_drafts and _hidden(t, d))]
+                      if _shown(self.types, self.no_drafts, t, d)]
         self.rebuilt_keys = {self._key(type_, data) for type_, data in events}
         yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": bool(self.turn_id)}).decode(),
                               event="stream.rebuilt", id=cursor if not events else None)
@@ -205,8 +211,7 @@ class _Stream:
                 if self.rebuilt_keys and self._key(event.type, event.data) in self.rebuilt_keys:
                     # appended after the rebuild's snapshot but already sent by it: only move the client's cursor
                     yield ServerSentEvent(id=f"{self.epoch or '-'}:{event.id}")
-                elif (self.types is None or event.type in self.types) and not (self.no_drafts and
-                                                                               _hidden(event.type, event.data)):
+                elif _shown(self.types, self.no_drafts, event.type, event.data):
                     yield _sse(self.epoch, event)
                 if self.turn_id and event.type in TURN_END and self.end_by is None:
                     self.end_by = time.monotonic() + AFTER_END_S  # then: what other processes append late
@@ -245,7 +250,7 @@ def _page(store: Store, stream: str, position: tuple[str | None, int] | None, be
         tail = store.coord.tail(stream, MAX_EVENT_ID, 0)
     events = [e for e in tail.events if before is None or e.id < before]
     shown = [{"id": f"{tail.epoch}:{e.id}", "type": e.type, "data": e.data}
-             for e in events if (types is None or e.type in types) and not (no_drafts and _hidden(e.type, e.data))]
+             for e in events if _shown(types, no_drafts, e.type, e.data)]
     last = events[-1].id if events else after
     first = events[0].id if events else (before if before is not None else after + 1)
     # whether the buffer holds events before the page's first id / after its last (whatever the window asked);
