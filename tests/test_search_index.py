@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import re
 from contextlib import ExitStack
-from collections.abc import Callable, Iterator
 from typing import Any
 from unittest import mock
 

@@ -53,6 +53,94 @@ def test_at_most_max_threads_calls_run_at_once_and_the_rest_wait_their_turn() ->
     assert peak == threads.MAX_THREADS
 
 
+def test_the_turn_pool_runs_at_most_turn_threads_calls_at_once() -> None:
+    running, peak, lock = 0, 0, threading.Lock()
+
+    def call() -> None:
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        time.sleep(0.2)
+        with lock:
+            running -= 1
+
+    async def main() -> None:
+        lanes = [threads.TURN, threads.TURN_QUICK] * (threads.TURN_THREADS + 5)
+        await asyncio.gather(*(threads.run_in(lane, call) for lane in lanes))
+
+    asyncio.run(main())
+    assert peak == threads.TURN_THREADS
+
+
+def test_a_full_turn_pool_does_not_hold_up_the_general_pool() -> None:
+    release = threading.Event()
+
+    async def main() -> None:
+        held = [asyncio.ensure_future(threads.run_in(threads.TURN, release.wait, 10))
+                for _ in range(threads.TURN_THREADS + 3)]
+        try:
+            # every turn thread is blocked and more turn calls are queued: the general pool answers
+            assert await asyncio.wait_for(threads.run_sync(lambda: "general"), 5) == "general"
+            assert not any(h.done() for h in held)
+        finally:
+            release.set()
+        assert all(await asyncio.gather(*held))
+
+    asyncio.run(main())
+
+
+def _order_of(size: int, quick_run: int, lanes: str) -> str:
+    """The order a pool of ``size`` threads runs calls submitted while its threads are busy:
+    ``lanes`` names each call by a letter, upper case for a quick one."""
+    pool = threads._Pool("probe", size, quick_run)
+    gate, ran = threading.Event(), []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        busy = [loop.create_future() for _ in range(size)]
+        for fut in busy:
+            pool.submit(loop, fut, lambda: gate.wait(10))
+        await asyncio.sleep(0.1)  # every thread holds a blocked call: what follows is queued
+        futs = []
+        for name in lanes:
+            fut = loop.create_future()
+            pool.submit(loop, fut, lambda name=name: ran.append(name), quick=name.isupper())
+            futs.append(fut)
+        gate.set()
+        await asyncio.gather(*busy, *futs)
+
+    try:
+        asyncio.run(main())
+    finally:
+        pool.stop()
+    return "".join(ran)
+
+
+def test_quick_calls_go_ahead_of_queued_ordinary_ones_but_never_starve_them() -> None:
+    # one thread: the order is exactly the pool's; at most 4 quick calls in a row while an ordinary one waits
+    assert _order_of(1, 4, "abABCDEFGHIJ") == "ABCDaEFGHbIJ"
+    assert _order_of(1, 4, "aAbBcC") == "ABCabc"
+    assert _order_of(1, 2, "abcABCDEFG") == "ABaCDbEFcG"
+    # first come first served within each queue, and no quick call at all: plain FIFO
+    assert _order_of(1, 4, "abcdef") == "abcdef"
+    assert _order_of(1, 4, "ABCDEF") == "ABCDEF"
+
+
+def test_stopping_a_pool_runs_what_is_queued_first() -> None:
+    pool = threads._Pool("probe", 1)
+    ran: list[int] = []
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for i in range(5):
+            pool.submit(loop, loop.create_future(), lambda i=i: (time.sleep(0.02), ran.append(i)), quick=i % 2 == 0)
+
+    asyncio.run(main())  # the loop is gone: the answers are dropped, the calls still run
+    pool.stop()
+    assert sorted(ran) == [0, 1, 2, 3, 4]
+
+
 def test_a_call_that_began_runs_to_its_end_even_if_its_request_is_cancelled() -> None:
     began, finished = threading.Event(), threading.Event()
 

@@ -16,7 +16,8 @@ and does the same work directly:
   parsed as FastAPI parses it (``json.loads``, then the body model the
   endpoint's signature names), the request, the store and the principal its
   ``Allow(...)`` default names (same roles, same check);
-- a sync endpoint runs on the service's thread pool (``threads.py``);
+- a sync endpoint runs on the service's turn pool (``threads.py``), short records
+  ahead of the slower calls queued there (the lane ``HOT`` names);
 - an error the endpoint or the check raise gets the app's handler for it,
   as the stack's exception layers would give it.
 
@@ -47,20 +48,21 @@ from starlette.requests import Request
 from starlette.routing import compile_path, get_route_path
 
 from .auth import authorize
-from .threads import run_sync
+from .threads import TURN, TURN_QUICK, Lane, run_in, run_sync
 
 __all__ = ["HOT", "FastLane", "build"]
 
-# (method, path) of the routes an agent's turn sends most: each must exist in the app
-HOT: tuple[tuple[str, str], ...] = (
-    ("POST", "/v1/turns/{turn_id}/tool-calls"),
-    ("POST", "/v1/turns/{turn_id}/tool-calls/{seq}/complete"),
-    ("POST", "/v1/turns/{turn_id}/tool-calls/{seq}/fail"),
-    ("PUT", "/v1/turns/{turn_id}/files/{path:path}"),
-    ("POST", "/v1/turns/{turn_id}/heartbeat"),
-    ("POST", "/v1/turns/{turn_id}/deltas"),
-    ("POST", "/v1/turns/{turn_id}/complete"),
-    ("POST", "/v1/projects/{project_id}/turns"),
+# (method, path, lane) of the routes an agent's turn sends most: each must exist in the app.
+# They run on the turn pool (threads.py); the short records go ahead of queued slower calls.
+HOT: tuple[tuple[str, str, Lane], ...] = (
+    ("POST", "/v1/turns/{turn_id}/tool-calls", TURN_QUICK),
+    ("POST", "/v1/turns/{turn_id}/tool-calls/{seq}/complete", TURN_QUICK),
+    ("POST", "/v1/turns/{turn_id}/tool-calls/{seq}/fail", TURN_QUICK),
+    ("PUT", "/v1/turns/{turn_id}/files/{path:path}", TURN),
+    ("POST", "/v1/turns/{turn_id}/heartbeat", TURN_QUICK),
+    ("POST", "/v1/turns/{turn_id}/deltas", TURN_QUICK),
+    ("POST", "/v1/turns/{turn_id}/complete", TURN),
+    ("POST", "/v1/projects/{project_id}/turns", TURN),
 )
 
 # path parameters whose FastAPI type is int: the plain route matches digits only, and
@@ -88,9 +90,10 @@ def _json_media_type(value: str) -> bool:
 class _FastEndpoint:
     """One hot route's work as a plain ASGI app (see the module docstring)."""
 
-    def __init__(self, api_route: APIRoute, lane: "FastLane") -> None:
+    def __init__(self, api_route: APIRoute, lane: "FastLane", pool: Lane) -> None:
         self.api_route = api_route
         self.lane = lane
+        self.pool = pool
         fn = api_route.endpoint
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -130,7 +133,7 @@ class _FastEndpoint:
         if self.is_async:
             response = await self.fn(**kwargs)
         else:
-            response = await run_sync(self.fn, **kwargs)
+            response = await run_in(self.pool, self.fn, **kwargs)
         await response(scope, receive, send)
 
     def _parse(self, request: Request, raw: bytes) -> BaseModel | None:
@@ -164,13 +167,13 @@ class FastLane:
     ``ServerErrorMiddleware`` would give it), unless the answer has already begun.
     """
 
-    def __init__(self, app: FastAPI, routes: Iterable[tuple[str, APIRoute]]) -> None:
+    def __init__(self, app: FastAPI, routes: Iterable[tuple[str, APIRoute, Lane]]) -> None:
         self.app = app
         self.inner: Any = None  # the app's own middleware stack, set when the app builds it
         self.routes = []
-        for method, api_route in routes:
+        for method, api_route, pool in routes:
             regex, _, convertors = compile_path(_fast_path(api_route.path))
-            self.routes.append((method, regex, convertors, _FastEndpoint(api_route, self)))
+            self.routes.append((method, regex, convertors, _FastEndpoint(api_route, self, pool)))
 
     def match(self, method: str, path: str) -> tuple[_FastEndpoint, dict[str, Any]] | None:
         """The hot route's endpoint for this request, with its path parameters (None: not hot)."""
@@ -234,7 +237,7 @@ def build(app: FastAPI, routers: Iterable[APIRouter]) -> FastLane:
     middleware stack and sets its ``inner`` to that stack (``app.py``)."""
     api_routes = {(method, r.path): r for router in routers for r in router.routes
                   if isinstance(r, APIRoute) for method in r.methods}
-    missing = [f"{method} {path}" for method, path in HOT if (method, path) not in api_routes]
+    missing = [f"{method} {path}" for method, path, _ in HOT if (method, path) not in api_routes]
     if missing:
         raise RuntimeError(f"fast lane: no route {', '.join(missing)}")
-    return FastLane(app, [(method, api_routes[(method, path)]) for method, path in HOT])
+    return FastLane(app, [(method, api_routes[(method, path)], pool) for method, path, pool in HOT])

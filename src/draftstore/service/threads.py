@@ -1,9 +1,9 @@
-"""The service's thread pool: where a request's blocking store call runs.
+"""The service's thread pools: where a request's blocking store call runs.
 
 The store's calls block (database, blob store, coordinator), so a handler
-runs them on a thread and awaits the answer. ``run_sync`` hands the call to a
-pool of at most ``MAX_THREADS`` threads (started on demand, in the process that
-uses them) through one queue, and the thread hands the outcome back with the
+runs them on a thread and awaits the answer. ``run_sync`` and ``run_in`` hand
+the call to a pool of threads (started on demand, in the process that uses
+them) through its queues, and the thread hands the outcome back with the
 loop's ``call_soon_threadsafe``. Starlette's ``run_in_threadpool`` (anyio's
 ``to_thread``) does the same job with a capacity limiter, a cancel scope and
 checkpoints around each call, and asyncio's ``run_in_executor`` with a
@@ -11,16 +11,32 @@ checkpoints around each call, and asyncio's ``run_in_executor`` with a
 and callbacks on both sides); on the agent's hottest requests each cost a
 measurable share of the service's CPU per request (see README, Benchmarks).
 
+Two pools, so one kind of work cannot hold up the other (bulkheads):
+
+- ``GENERAL`` (``run_sync``; at most ``MAX_THREADS`` threads): every route
+  off the fast lane, reads and admin work, snapshots and imports included.
+- the turn pool (``TURN`` and ``TURN_QUICK``; at most ``TURN_THREADS``
+  threads): the agent's hot routes (``fastlane.HOT``). The store's calls are
+  mostly Python holding the GIL, so more threads add no throughput, only
+  contention: under load the calls wait in the pool's queues, where the
+  order is ours. A ``TURN_QUICK`` call (a tool-call record, a heartbeat, a
+  delta: well under a millisecond of work) goes ahead of queued ``TURN``
+  calls (starting or ending a turn, a file write: 3-10 ms), so a burst of
+  the slow ones (fifty agents starting their turns at once) does not hold
+  up every short request behind it. No call waits for ever: while a
+  ``TURN`` call waits, at most ``QUICK_RUN`` quick calls in a row go ahead
+  of it. Within each queue, first come first served.
+
 Guarantees, as with ``run_in_threadpool``: the call runs in a copy of the
-caller's context (context variables read the same), at most ``MAX_THREADS``
-calls run at once (more wait their turn, first come first served), and its
+caller's context (context variables read the same), at most the pool's size
+of calls run at once (more wait their turn, in the order above), and its
 exception is raised to the awaiting handler. A call that has begun always
 runs to its end, even if the request that awaited it is cancelled meanwhile;
-at interpreter exit the pool's threads finish what they hold before the
-process ends. A forked child starts a pool of its own. One difference: a
-cancelled request stops waiting at once (anyio's default holds the
-cancellation until the call returns). uvicorn cancels a request only when
-it shuts down past its grace period; a client that goes away does not
+at interpreter exit the pools' threads finish what they hold and what is
+queued before the process ends. A forked child starts pools of its own. One
+difference: a cancelled request stops waiting at once (anyio's default holds
+the cancellation until the call returns). uvicorn cancels a request only
+when it shuts down past its grace period; a client that goes away does not
 cancel its request.
 """
 
@@ -28,22 +44,39 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import contextvars
 import os
-import queue
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["run_sync", "MAX_THREADS"]
+__all__ = ["run_sync", "run_in", "Lane", "GENERAL", "TURN", "TURN_QUICK", "MAX_THREADS", "TURN_THREADS",
+           "QUICK_RUN"]
 
 T = TypeVar("T")
 
 # as anyio's default limiter; FastAPI's own sync routes (those off the fast lane) run on
 # anyio's threads, under that limiter, not on these
 MAX_THREADS = 40
+# the turn pool: enough to overlap one call's waits on the database, the blob store and the
+# coordinator with other calls' work; on the 50-agent load (README, Benchmarks) 8 threads
+# serve more requests per second than 40 did in one pool, with a third of the tail
+TURN_THREADS = 8
+QUICK_RUN = 4  # quick calls taken in a row while an ordinary call waits
 
-_STOP = object()
+
+class Lane(NamedTuple):
+    """Which pool a call runs on, and whether it goes ahead of that pool's ordinary calls."""
+
+    pool: str
+    quick: bool = False
+
+
+GENERAL = Lane("general")
+TURN = Lane("turn")
+TURN_QUICK = Lane("turn", quick=True)
+_SIZES = {"general": MAX_THREADS, "turn": TURN_THREADS}
 
 
 def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
@@ -57,32 +90,48 @@ def _deliver(fut: asyncio.Future[Any], ok: bool, value: Any) -> None:
 
 
 class _Pool:
-    """Up to ``size`` threads taking calls from one queue."""
+    """Up to ``size`` threads taking calls from two queues: quick ones first, but at
+    most ``quick_run`` of them in a row while an ordinary call waits."""
 
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
-        self._idle = threading.Semaphore(0)  # one permit per thread waiting for work
+    def __init__(self, name: str, size: int, quick_run: int = QUICK_RUN) -> None:
+        self.name, self.size, self.quick_run = name, size, quick_run
+        self._quick: collections.deque[Any] = collections.deque()
+        self._ordinary: collections.deque[Any] = collections.deque()
+        self._streak = 0  # quick calls taken in a row while an ordinary one waited
+        self._cv = threading.Condition(threading.Lock())
+        self._idle = 0  # threads waiting for work
+        self._stopping = False
         self._threads: list[threading.Thread] = []
-        self._lock = threading.Lock()
 
-    def submit(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], call: Callable[[], Any]) -> None:
-        self._queue.put((loop, fut, call))
-        if self._idle.acquire(blocking=False):
-            return  # a waiting thread takes it
-        with self._lock:
-            if len(self._threads) < self.size:
-                t = threading.Thread(target=self._work, name=f"draftstore-request_{len(self._threads)}",
+    def submit(self, loop: asyncio.AbstractEventLoop, fut: asyncio.Future[Any], call: Callable[[], Any],
+               quick: bool = False) -> None:
+        with self._cv:
+            (self._quick if quick else self._ordinary).append((loop, fut, call))
+            if self._idle:
+                self._idle -= 1  # that thread is as good as taken: the next submit starts another
+                self._cv.notify()
+            elif len(self._threads) < self.size:
+                t = threading.Thread(target=self._work, name=f"draftstore-{self.name}_{len(self._threads)}",
                                      daemon=True)
                 self._threads.append(t)
                 t.start()
 
+    def _take(self) -> Any:
+        """The next call (None: the pool is stopping and nothing is left)."""
+        with self._cv:
+            while not (self._quick or self._ordinary):
+                if self._stopping:
+                    return None
+                self._idle += 1
+                self._cv.wait()
+            if self._quick and (not self._ordinary or self._streak < self.quick_run):
+                self._streak = self._streak + 1 if self._ordinary else 0
+                return self._quick.popleft()
+            self._streak = 0
+            return self._ordinary.popleft()
+
     def _work(self) -> None:
-        take, idle = self._queue.get, self._idle
-        while True:
-            item = take()
-            if item is _STOP:
-                return
+        while (item := self._take()) is not None:
             loop, fut, call = item
             try:
                 value, ok = call(), True
@@ -93,47 +142,52 @@ class _Pool:
             except RuntimeError:  # the loop closed meanwhile: nobody waits for this answer
                 pass
             del item, loop, fut, call, value
-            idle.release()
 
     def stop(self, timeout: float = 30.0) -> None:
-        """Let every thread finish its call and what is queued before it, then end."""
-        with self._lock:
+        """Let every thread finish its call and what is queued, then end."""
+        with self._cv:
+            self._stopping = True
+            self._cv.notify_all()
             threads = list(self._threads)
-        for _ in threads:
-            self._queue.put(_STOP)
         for t in threads:
             t.join(timeout)
 
 
-_pool: _Pool | None = None
-_pool_lock = threading.Lock()
+_pools: dict[str, _Pool] = {}
+_pools_lock = threading.Lock()
 
 
-def _forget_pool() -> None:
+def _forget_pools() -> None:
     """In a forked child: the parent's threads did not come along, so start afresh."""
-    global _pool, _pool_lock
-    _pool, _pool_lock = None, threading.Lock()
+    global _pools, _pools_lock
+    _pools, _pools_lock = {}, threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_pool)
+    os.register_at_fork(after_in_child=_forget_pools)
 
 
-def _get_pool() -> _Pool:
-    global _pool
-    if _pool is None:
-        with _pool_lock:
-            if _pool is None:
-                _pool = _Pool(MAX_THREADS)
+def _get_pool(name: str) -> _Pool:
+    pool = _pools.get(name)
+    if pool is None:
+        with _pools_lock:
+            pool = _pools.get(name)
+            if pool is None:
+                pool = _pools[name] = _Pool(name, _SIZES[name])
                 # daemon threads, so exit never hangs on an idle one; this joins them first
-                atexit.register(_pool.stop)
-    return _pool
+                atexit.register(pool.stop)
+    return pool
 
 
-async def run_sync(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """``fn(*args, **kwargs)`` on the service's thread pool (module docstring)."""
+async def run_in(lane: Lane, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on ``lane``'s pool (module docstring)."""
     loop = asyncio.get_running_loop()
     fut = loop.create_future()
     ctx = contextvars.copy_context()
-    _get_pool().submit(loop, fut, lambda: ctx.run(fn, *args, **kwargs))
+    _get_pool(lane.pool).submit(loop, fut, lambda: ctx.run(fn, *args, **kwargs), lane.quick)
     return await fut  # type: ignore[no-any-return]
+
+
+async def run_sync(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)`` on the general pool (module docstring)."""
+    return await run_in(GENERAL, fn, *args, **kwargs)
