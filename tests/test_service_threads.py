@@ -34,7 +34,8 @@ def test_a_call_runs_off_the_loop_in_the_callers_context_and_returns_or_raises()
     asyncio.run(main())
 
 
-def test_at_most_max_threads_calls_run_at_once_and_the_rest_wait_their_turn() -> None:
+def _peak(lanes: list[threads.Lane]) -> int:
+    """The most calls that ran at once when one call per lane was submitted together."""
     running, peak, lock = 0, 0, threading.Lock()
 
     def call() -> None:
@@ -47,30 +48,18 @@ def test_at_most_max_threads_calls_run_at_once_and_the_rest_wait_their_turn() ->
             running -= 1
 
     async def main() -> None:
-        await asyncio.gather(*(threads.run_sync(call) for _ in range(threads.MAX_THREADS + 20)))
-
-    asyncio.run(main())
-    assert peak == threads.MAX_THREADS
-
-
-def test_the_turn_pool_runs_at_most_turn_threads_calls_at_once() -> None:
-    running, peak, lock = 0, 0, threading.Lock()
-
-    def call() -> None:
-        nonlocal running, peak
-        with lock:
-            running += 1
-            peak = max(peak, running)
-        time.sleep(0.2)
-        with lock:
-            running -= 1
-
-    async def main() -> None:
-        lanes = [threads.TURN, threads.TURN_QUICK] * (threads.TURN_THREADS + 5)
         await asyncio.gather(*(threads.run_in(lane, call) for lane in lanes))
 
     asyncio.run(main())
-    assert peak == threads.TURN_THREADS
+    return peak
+
+
+def test_at_most_max_threads_calls_run_at_once_and_the_rest_wait_their_turn() -> None:
+    assert _peak([threads.GENERAL] * (threads.MAX_THREADS + 20)) == threads.MAX_THREADS
+
+
+def test_the_turn_pool_runs_at_most_turn_threads_calls_at_once() -> None:
+    assert _peak([threads.TURN, threads.TURN_QUICK] * (threads.TURN_THREADS + 5)) == threads.TURN_THREADS
 
 
 def test_a_full_turn_pool_does_not_hold_up_the_general_pool() -> None:
