@@ -62,6 +62,24 @@ def test_the_turn_pool_runs_at_most_turn_threads_calls_at_once() -> None:
     assert _peak([threads.TURN, threads.TURN_QUICK] * (threads.TURN_THREADS + 5)) == threads.TURN_THREADS
 
 
+def test_the_service_sizes_the_turn_pool_from_its_settings(tmp_path) -> None:
+    from fastapi.testclient import TestClient
+
+    from draftstore import Store
+    from draftstore.service.app import create_app
+    from draftstore.settings import Settings
+
+    settings = Settings(home=tmp_path, turn_threads=3)
+    try:
+        with Store.open(settings=settings) as store, TestClient(create_app(store)):
+            assert _peak([threads.TURN_QUICK] * 8) == 3
+    finally:
+        threads.set_turn_threads(threads.TURN_THREADS)
+    assert _peak([threads.TURN] * (threads.TURN_THREADS + 4)) == threads.TURN_THREADS
+    with pytest.raises(ValueError):
+        threads.set_turn_threads(0)
+
+
 def test_a_full_turn_pool_does_not_hold_up_the_general_pool() -> None:
     release = threading.Event()
 

@@ -23,6 +23,8 @@ from draftstore.settings import Settings
     ("DRAFTSTORE_SSE_KEEPALIVE_S", "0"),
     ("DRAFTSTORE_SSE_KEEPALIVE_S", "3601"),
     ("DRAFTSTORE_SSE_KEEPALIVE_S", "abc"),
+    ("DRAFTSTORE_TURN_THREADS", "0"),  # no thread would ever serve a turn call
+    ("DRAFTSTORE_TURN_THREADS", "257"),
     ("DRAFTSTORE_CACHE_BYTES", "-1"),
     ("DRAFTSTORE_MAX_FILE_BYTES", "0"),
     ("DRAFTSTORE_MAX_PATH_DEPTH", "-3"),
@@ -38,11 +40,12 @@ def test_a_value_out_of_range_is_refused_naming_the_variable(monkeypatch: pytest
 def test_at_the_edges_of_their_ranges_values_are_accepted(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in (("DRAFTSTORE_GC_GRACE_S", "0"), ("DRAFTSTORE_BACKGROUND_INTERVAL_S", "0"),
                         ("DRAFTSTORE_SSE_KEEPALIVE_S", "3600"), ("DRAFTSTORE_CACHE_BYTES", "0"),
-                        ("DRAFTSTORE_INLINE_PAYLOAD_BYTES", "0"), ("DRAFTSTORE_RETAIN_TURNS_DAYS", "0")):
+                        ("DRAFTSTORE_INLINE_PAYLOAD_BYTES", "0"), ("DRAFTSTORE_RETAIN_TURNS_DAYS", "0"),
+                        ("DRAFTSTORE_TURN_THREADS", "1")):
         monkeypatch.setenv(name, value)
     s = Settings.load()
     assert (s.gc_grace_s, s.background_interval_s, s.sse_keepalive_s, s.cache_bytes) == (0, 0, 3600, 0)
-    assert (s.limits.inline_payload_bytes, s.retain_turns_days) == (0, 0)
+    assert (s.limits.inline_payload_bytes, s.retain_turns_days, s.turn_threads) == (0, 0, 1)
 
 
 def test_none_spells_for_ever_for_the_retention_settings(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -108,6 +108,10 @@ class Settings(BaseSettings):
         15.0, gt=0, le=3600, allow_inf_nan=False,
         description="an idle SSE stream gets a keep-alive comment this often"
     )
+    turn_threads: int = Field(
+        16, ge=1, le=256,
+        description="threads per service process for the agent's turn calls (tool-call records go first)"
+    )
     limits: Limits = Field(default_factory=Limits)
 
     @field_validator("retain_turns_days", "retain_discarded_days", mode="before")

@@ -22,6 +22,7 @@ from ..mcpserver import mcp_http_app
 from ..store import Store
 from . import admin, errors, fastlane
 from .auth import Authenticator, TurnProjects
+from .threads import set_turn_threads
 from .routes import health, projects, snapshots, states, streams, tokens, turns
 
 __all__ = ["create_app"]
@@ -53,6 +54,7 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
         app.state.store = s
         app.state.auth = Authenticator(s)
         app.state.turn_projects = TurnProjects()
+        set_turn_threads(s.settings.turn_threads)
         tune_collector()  # start-up heap frozen, fewer young collections (heap.py)
         stop = threading.Event()
         worker = None

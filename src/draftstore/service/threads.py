@@ -15,8 +15,8 @@ Two pools, so one kind of work cannot hold up the other (bulkheads):
 
 - ``GENERAL`` (``run_sync``; at most ``MAX_THREADS`` threads): every route
   off the fast lane, reads and admin work, snapshots and imports included.
-- the turn pool (``TURN`` and ``TURN_QUICK``; at most ``TURN_THREADS``
-  threads): the agent's hot routes (``fastlane.HOT``). The store's calls are
+- the turn pool (``TURN`` and ``TURN_QUICK``; ``TURN_THREADS`` threads at
+  most, or the ``turn_threads`` setting): the agent's hot routes (``fastlane.HOT``). The store's calls are
   mostly Python holding the GIL, so more threads add no throughput, only
   contention: under load the calls wait in the pool's queues, where the
   order is ours. A ``TURN_QUICK`` call (a tool-call record, a heartbeat, a
@@ -51,18 +51,18 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
-__all__ = ["run_sync", "run_in", "Lane", "GENERAL", "TURN", "TURN_QUICK", "MAX_THREADS", "TURN_THREADS",
-           "QUICK_RUN"]
+__all__ = ["run_sync", "run_in", "set_turn_threads", "Lane", "GENERAL", "TURN", "TURN_QUICK", "MAX_THREADS",
+           "TURN_THREADS", "QUICK_RUN"]
 
 T = TypeVar("T")
 
 # as anyio's default limiter; FastAPI's own sync routes (those off the fast lane) run on
 # anyio's threads, under that limiter, not on these
 MAX_THREADS = 40
-# the turn pool: enough to overlap one call's waits on the database, the blob store and the
-# coordinator with other calls' work; on the 50-agent load (README, Benchmarks) 8 threads
-# serve more requests per second than 40 did in one pool, with a third of the tail
-TURN_THREADS = 8
+# the turn pool's default size (the service sets it from ``Settings.turn_threads``): enough
+# to overlap calls' waits on the database, the blob store and the coordinator with other
+# calls' work, few enough that under load calls queue where quick ones can go first
+TURN_THREADS = 16
 QUICK_RUN = 4  # quick calls taken in a row while an ordinary call waits
 
 
@@ -99,7 +99,7 @@ class _Pool:
         self._ordinary: collections.deque[Any] = collections.deque()
         self._streak = 0  # quick calls taken in a row while an ordinary one waited
         self._cv = threading.Condition(threading.Lock())
-        self._idle = 0  # threads waiting for work
+        self._idle = 0  # threads waiting for work that no wake-up has claimed yet
         self._stopping = False
         self._threads: list[threading.Thread] = []
 
@@ -116,10 +116,25 @@ class _Pool:
                 self._threads.append(t)
                 t.start()
 
-    def _take(self) -> Any:
-        """The next call (None: the pool is stopping and nothing is left)."""
+    def resize(self, size: int) -> None:
+        """At most ``size`` threads from now on: threads over it end once their call is done."""
         with self._cv:
-            while not (self._quick or self._ordinary):
+            self.size = size
+            over = min(self._idle, len(self._threads) - size)
+            if over > 0:  # wake that many waiting threads (a wake-up claims one): they end
+                self._idle -= over
+                self._cv.notify(over)
+
+    def _take(self) -> Any:
+        """The next call (None: this thread ends, the pool stopping with nothing left, or
+        grown larger than its size)."""
+        with self._cv:
+            while True:
+                if len(self._threads) > self.size:
+                    self._threads.remove(threading.current_thread())
+                    return None
+                if self._quick or self._ordinary:
+                    break
                 if self._stopping:
                     return None
                 self._idle += 1
@@ -147,6 +162,7 @@ class _Pool:
         """Let every thread finish its call and what is queued, then end."""
         with self._cv:
             self._stopping = True
+            self._idle = 0  # every waiting thread is woken
             self._cv.notify_all()
             threads = list(self._threads)
         for t in threads:
@@ -177,6 +193,16 @@ def _get_pool(name: str) -> _Pool:
                 # daemon threads, so exit never hangs on an idle one; this joins them first
                 atexit.register(pool.stop)
     return pool
+
+
+def set_turn_threads(n: int) -> None:
+    """Size the turn pool of this process (threads over the size end once their call is done)."""
+    if n < 1:
+        raise ValueError("the turn pool needs at least one thread")
+    with _pools_lock:
+        _SIZES["turn"] = n
+        if "turn" in _pools:
+            _pools["turn"].resize(n)
 
 
 async def run_in(lane: Lane, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
