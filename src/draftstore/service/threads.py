@@ -51,6 +51,8 @@ import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple, TypeVar
 
+from ..settings import Settings
+
 __all__ = ["run_sync", "run_in", "set_turn_threads", "Lane", "GENERAL", "TURN", "TURN_QUICK", "MAX_THREADS",
            "TURN_THREADS", "QUICK_RUN"]
 
@@ -59,10 +61,10 @@ T = TypeVar("T")
 # as anyio's default limiter; FastAPI's own sync routes (those off the fast lane) run on
 # anyio's threads, under that limiter, not on these
 MAX_THREADS = 40
-# the turn pool's default size (the service sets it from ``Settings.turn_threads``): enough
-# to overlap calls' waits on the database, the blob store and the coordinator with other
-# calls' work, few enough that under load calls queue where quick ones can go first
-TURN_THREADS = 16
+# the turn pool's default size, the setting's (the service sets it from ``Settings.turn_threads``):
+# enough to overlap calls' waits on the database, the blob store and the coordinator with
+# other calls' work, few enough that under load calls queue where quick ones can go first
+TURN_THREADS: int = Settings.model_fields["turn_threads"].default
 QUICK_RUN = 4  # quick calls taken in a row while an ordinary call waits
 
 
