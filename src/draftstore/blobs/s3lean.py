@@ -59,10 +59,10 @@ TRANSIENT_CODES = {"SlowDown", "ServiceUnavailable", "InternalError", "RequestTi
                    "RequestThrottledException", "RequestLimitExceeded", "TooManyRequestsException",
                    "PriorRequestNotComplete", "BandwidthLimitExceeded", "EC2ThrottledException"}
 _NO_BUCKET = "NoSuchBucket"
-_RETRY_STATUS = {429, 500, 502, 503, 504}
+_RETRY_STATUS = {429, 500, 502, 503, 504}  # retried, as botocore's standard mode does
 # a bigger body goes through botocore: per-request CPU is noise beside its bytes, and
 # botocore streams it and retries it on its own
-MAX_LEAN_PUT = 16 * 1024 * 1024  # retried, as botocore's standard mode does
+MAX_LEAN_PUT = 16 * 1024 * 1024
 # what a reused keep-alive connection raises when the server closed it meanwhile
 _STALE = (http.client.RemoteDisconnected, ConnectionResetError, BrokenPipeError, ConnectionAbortedError)
 
