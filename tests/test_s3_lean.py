@@ -93,31 +93,37 @@ def test_a_dead_endpoint_fails_a_lean_request_as_backend_unavailable_after_its_a
         store.close()
 
 
-def test_a_keep_alive_connection_closed_underneath_is_replaced_without_a_failed_read(real_s3: Any) -> None:
-    prefix = f"stale-{os.urandom(3).hex()}"
-    # one attempt: only the reconnect of a stale connection, not a retry, can save this read
+# a write then a read, one of them lean; and the lean connection pool the lean one uses
+ROUNDTRIPS = [("get", "_reader", lambda lean, plain, data: lean.get(plain.put(data))),
+              ("put", "_writer", lambda lean, plain, data: plain.get(lean.put(data)))]
+
+
+@pytest.mark.parametrize("op,pool,roundtrip", ROUNDTRIPS, ids=[op for op, _, _ in ROUNDTRIPS])
+def test_a_keep_alive_connection_closed_underneath_is_replaced_without_a_failed_request(
+        real_s3: Any, op: str, pool: str, roundtrip: Any) -> None:
+    prefix = f"stale{op}-{os.urandom(3).hex()}"
+    # one attempt: only the reconnect of a stale connection, not a retry, can save this request
     lean = S3BlobStore.from_url(real_s3.url(prefix) + "&max_attempts=1", cache=ObjectCache(0))
     plain = S3BlobStore.from_url(real_s3.url(prefix) + "&lean_reads=0&lean_writes=0", cache=ObjectCache(0))
     try:
-        d = plain.put(b"still here")
-        assert lean.get(d) == b"still here"
-        conn = lean._reader._local.conn  # type: ignore[union-attr]
+        assert roundtrip(lean, plain, b"first") == b"first"
+        conn = getattr(lean, pool)._local.conn
         assert conn.sock is not None
         conn.sock.shutdown(socket.SHUT_RDWR)  # the connection is dead; the client has not noticed
-        assert lean.get(d) == b"still here"
-        assert lean._reader._local.conn is not conn  # type: ignore[union-attr]
+        assert roundtrip(lean, plain, b"second, on a new connection") == b"second, on a new connection"
+        assert getattr(lean, pool)._local.conn is not conn
     finally:
         lean.close()
         plain.close()
 
 
-def test_a_closed_store_refuses_lean_reads(real_s3: Any) -> None:
-    lean, plain = _pair(real_s3, f"closed-{os.urandom(3).hex()}")
-    d = plain.put(b"bytes")
+@pytest.mark.parametrize("op,request_", REQUESTS, ids=[op for op, _ in REQUESTS])
+def test_a_closed_store_refuses_lean_requests(real_s3: Any, op: str, request_: Any) -> None:
+    lean, plain = _pair(real_s3, f"closed{op}-{os.urandom(3).hex()}")
     plain.close()
     lean.close()
     with pytest.raises(Exception) as info:
-        lean.get(d)
+        request_(lean)
     assert getattr(info.value, "code", None) == "backend.error"
 
 
@@ -189,23 +195,6 @@ def test_a_put_over_the_lean_limit_or_with_lean_writes_off_goes_through_botocore
         plain.close()
 
 
-def test_a_keep_alive_connection_closed_underneath_is_replaced_without_a_failed_put(real_s3: Any) -> None:
-    prefix = f"staleput-{os.urandom(3).hex()}"
-    lean = S3BlobStore.from_url(real_s3.url(prefix) + "&max_attempts=1", cache=ObjectCache(0))
-    plain = S3BlobStore.from_url(real_s3.url(prefix) + "&lean_reads=0&lean_writes=0", cache=ObjectCache(0))
-    try:
-        lean.put(b"first")
-        conn = lean._writer._local.conn  # type: ignore[union-attr]
-        assert conn.sock is not None
-        conn.sock.shutdown(socket.SHUT_RDWR)  # the connection is dead; the client has not noticed
-        d = lean.put(b"second, on a new connection")
-        assert plain.get(d) == b"second, on a new connection"
-        assert lean._writer._local.conn is not conn  # type: ignore[union-attr]
-    finally:
-        lean.close()
-        plain.close()
-
-
 def test_a_put_into_a_bucket_that_does_not_exist_ends_as_botocore_s_does(real_s3: Any) -> None:
     # S3 answers NoSuchBucket (backend.unavailable, as a lean GET's test shows); SeaweedFS
     # creates the bucket and stores the object. Either way the two paths must agree.
@@ -225,12 +214,3 @@ def test_a_put_into_a_bucket_that_does_not_exist_ends_as_botocore_s_does(real_s3
             store.close()
     assert outcomes[0] == outcomes[1]
     assert outcomes[0] in (("stored", b"no bucket for this yet"), ("refused", "NoSuchBucket"))
-
-
-def test_a_closed_store_refuses_lean_puts(real_s3: Any) -> None:
-    lean, plain = _pair(real_s3, f"closedput-{os.urandom(3).hex()}")
-    plain.close()
-    lean.close()
-    with pytest.raises(Exception) as info:
-        lean.put(b"too late")
-    assert getattr(info.value, "code", None) == "backend.error"

@@ -90,10 +90,10 @@ def _json_media_type(value: str) -> bool:
 class _FastEndpoint:
     """One hot route's work as a plain ASGI app (see the module docstring)."""
 
-    def __init__(self, api_route: APIRoute, lane: "FastLane", pool: Lane) -> None:
+    def __init__(self, api_route: APIRoute, front: "FastLane", lane: Lane) -> None:
         self.api_route = api_route
-        self.lane = lane
-        self.pool = pool
+        self.front = front  # the fast lane in front of the app: hands over what it does not serve
+        self.lane = lane  # the thread pool (and its queue) the endpoint runs on
         fn = api_route.endpoint
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
@@ -133,7 +133,7 @@ class _FastEndpoint:
         if self.is_async:
             response = await self.fn(**kwargs)
         else:
-            response = await run_in(self.pool, self.fn, **kwargs)
+            response = await run_in(self.lane, self.fn, **kwargs)
         await response(scope, receive, send)
 
     def _parse(self, request: Request, raw: bytes) -> BaseModel | None:
@@ -155,7 +155,7 @@ class _FastEndpoint:
             return await receive()
 
         scope.pop("path_params", None)
-        await self.lane.hand_over(scope, replay, send)
+        await self.front.hand_over(scope, replay, send)
 
 
 class FastLane:
@@ -171,9 +171,9 @@ class FastLane:
         self.app = app
         self.inner: Any = None  # the app's own middleware stack, set when the app builds it
         self.routes = []
-        for method, api_route, pool in routes:
+        for method, api_route, lane in routes:
             regex, _, convertors = compile_path(_fast_path(api_route.path))
-            self.routes.append((method, regex, convertors, _FastEndpoint(api_route, self, pool)))
+            self.routes.append((method, regex, convertors, _FastEndpoint(api_route, self, lane)))
 
     def match(self, method: str, path: str) -> tuple[_FastEndpoint, dict[str, Any]] | None:
         """The hot route's endpoint for this request, with its path parameters (None: not hot)."""
