@@ -565,3 +565,40 @@ def test_the_event_buffer_of_an_ended_turn_expires_after_its_ttl(store_factory):
     assert s.events(f"turn:{live.id}") == []
     assert [e.type for e in s.events(f"turn:{running.id}")] == ["turn.started", "tool.started"]
     assert [e.type for e in s.events(f"project:{p.id}")][:2] == ["turn.started", "turn.completed"]
+
+
+def test_an_end_state_changed_after_it_was_prepared_is_stored_as_it_ends(store, store_factory, monkeypatch):
+    # the end state's object is uploaded before the ending transaction, from the draft as
+    # read then; a patch that lands between is caught under the lock and stored there
+    pid = store.create_project("race", files={"a.py": b"a\n"}, characters={"hero": {"hp": 1}}).id
+    turn = store.start_turn(pid, "patch")
+    store.patch_characters(turn.id, {"hero": {"hp": 2}})
+    other = store_factory()
+    turns = store._turns
+    real_prepare = turns._prepare_end_state
+
+    def prepare_then_patch(turn_id):
+        prepared = real_prepare(turn_id)
+        other.patch_characters(turn_id, {"hero": {"hp": 3}})  # lands before the end's transaction
+        return prepared
+
+    monkeypatch.setattr(turns, "_prepare_end_state", prepare_then_patch)
+    ended = store.complete_turn(turn.id, "done")
+    assert ended.status == "completed"
+    for s in (store, store_factory()):  # a fresh store reads the object from the blob store
+        assert s.view_at_turn(turn.id, "end").characters == {"hero": {"hp": 3}}
+        assert s.view_at_turn(turn.id, "start").characters == {"hero": {"hp": 1}}
+
+
+def test_a_start_state_changed_after_it_was_read_is_stored_as_the_turn_starts(store, store_factory, monkeypatch):
+    # the start state is read and stored before the rows are locked; if the draft changed
+    # between (a discard, a publish), the state under the lock differs and is stored there.
+    # Here the read is made stale by hand: the project's state under the lock (hp 1) has
+    # never been a turn's boundary, so its object exists only if the begin stores it
+    from draftstore.turns import state_blob
+
+    pid = store.create_project("race-start", files={"a.py": b"a\n"}, characters={"hero": {"hp": 1}}).id
+    monkeypatch.setattr(store._turns, "_start_state", lambda conn, project: state_blob({"hero": {"hp": 0}}, {}))
+    started = store.start_turn(pid, "starts on head")
+    for s in (store, store_factory()):  # a fresh store reads the object from the blob store
+        assert s.view_at_turn(started.id, "start").characters == {"hero": {"hp": 1}}

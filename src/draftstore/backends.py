@@ -30,6 +30,7 @@ from .blobs import BlobStore, ObjectCache
 from .coord import Coordinator
 from .db.engine import create_db_engine, is_sqlite
 from .db.oneshot import OneShot
+from .deferred import awaited, retry_unlocked
 from .digest import EMPTY_TREE
 from .events import Activity, EventPublisher
 from .packs import PackedObjects
@@ -173,6 +174,16 @@ class Backends:
         """Run an upload beside the caller, which must wait for it (``.result()``)
         before committing anything that names what it stores."""
         return self._uploads.submit(fn, *args)
+
+    def awaited(self, upload: Future[Any]) -> Any:
+        """Inside a transaction: ``upload``'s result, or ``UploadPending`` once it has
+        run ``LOCKED_WAIT_S`` (``draftstore.deferred``)."""
+        return awaited(upload)
+
+    def retry_unlocked(self, attempt: Callable[[], R]) -> R:
+        """``attempt()`` (one transaction), again after the work it deferred is done
+        with nothing locked (``draftstore.deferred``)."""
+        return retry_unlocked(attempt)
 
     def in_parallel(self, fn: Callable[[T], R], items: list[T]) -> list[R]:
         """``[fn(item) for item in items]``, the calls run side by side on the read

@@ -49,7 +49,8 @@ class Publishing:
         check.flag("force", force)
         # the overlay is empty unless a writer of an older release died: then it is folded here
         fold = self.sealing.prepare_open(project_id)
-        try:
+
+        def attempt() -> Version:
             with self.b.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
                 draft = self.drafts.lock_open(conn, project, "publish")
@@ -75,6 +76,10 @@ class Publishing:
                 if self.snapshots is not None and self.b.settings.snapshot_on_publish:
                     self.snapshots.schedule(conn, project_id, version.id, root)  # built later, off this path
                 faults.point("publish.before_commit")
+            return version
+
+        try:
+            version = self.b.retry_unlocked(attempt)
         finally:
             fold.settle()
         faults.point("publish.after_commit")
@@ -85,8 +90,9 @@ class Publishing:
         check.project_id(project_id)
         actor = check.actor(actor)
         fold = self.sealing.prepare_open(project_id)
-        rolled_back: Turn | None = None
-        try:
+
+        def attempt() -> tuple[Draft, Turn | None]:
+            ended: Turn | None = None
             with self.b.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
                 now = utcnow()  # after the lock: a discard is stamped in the order it happens (as head moves are)
@@ -96,10 +102,14 @@ class Publishing:
                 running = conn.execute(sa.select(T.c.id).where(
                     T.c.draft_id == draft.id, T.c.status == TurnStatus.RUNNING.value)).scalar()
                 if running is not None:
-                    rolled_back = self.turns.finish(conn, running, draft, fold, TurnStatus.ROLLED_BACK, now,
-                                                    {"end_reason": TurnEndReason.DISCARDED})
+                    ended = self.turns.finish(conn, running, draft, fold, TurnStatus.ROLLED_BACK, now,
+                                              {"end_reason": TurnEndReason.DISCARDED})
                 self._close(conn, project_id, draft.id, DraftClosedReason.DISCARDED, actor, now)
                 result = draft_record(conn.execute(sa.select(D).where(D.c.id == draft.id)).one())
+            return result, ended
+
+        try:
+            result, rolled_back = self.b.retry_unlocked(attempt)
         finally:
             fold.settle()
         if rolled_back is not None:

@@ -12,14 +12,18 @@ the transaction, with the draft row locked, the prepared fold is applied if
 the draft is still at that root and revision (every overlay write bumps the
 revision); otherwise the overlay is read again under the lock and folded there.
 The transaction commits only after the tree objects are stored, so a committed
-root is always complete in the blob store.
+root is always complete in the blob store. It waits for them under its locks
+for ``LOCKED_WAIT_S`` at most: past that it rolls back and its operation runs
+again once they are stored (``draftstore.deferred``). A fold made again under
+the lock uploads the same way, and the prepared fold becomes that one, so the
+next attempt finds it ready.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import sqlalchemy as sa
@@ -48,11 +52,21 @@ class Fold:
     plan: SealPlan | None
     upload: Future[Any] | None
     turn_status: str | None = None  # for ``prepare_turn``: the turn's status as read
+    superseded: list[Future[Any]] = field(default_factory=list)  # uploads of the folds it replaced
 
     def settle(self) -> None:
-        """Let an upload that will not be used finish (stray objects are harmless)."""
+        """Let its uploads finish (after the transaction: stray objects are harmless)."""
+        for upload in (*self.superseded, self.upload):
+            if upload is not None:
+                upload.exception()
+
+    def adopt(self, other: "Fold") -> None:
+        """Become ``other`` (a fold made again under the lock), keeping the turn status read;
+        the replaced fold's upload is left running (``settle`` waits for it, unlocked)."""
         if self.upload is not None:
-            self.upload.exception()
+            self.superseded.append(self.upload)
+        self.draft_id, self.root, self.revision = other.draft_id, other.root, other.revision
+        self.paths, self.plan, self.upload = other.paths, other.plan, other.upload
 
 
 def _overlay_of(draft: Any, *extra: Any) -> Any:
@@ -122,14 +136,15 @@ class Sealing:
         into the draft's root and clear it.
 
         Returns (root, files in it). Waits for the tree objects to be stored
-        (an upload failure raises and so rolls the transaction back).
+        (an upload failure raises and so rolls the transaction back), for
+        ``LOCKED_WAIT_S`` at most: the caller runs its transaction under
+        ``Backends.retry_unlocked``, which waits for the rest with nothing locked.
         """
         if (locked.id, locked.code_manifest_key, locked.revision) != (fold.draft_id, fold.root, fold.revision):
-            fold.settle()  # stale: a write landed since (or another draft is open); fold again under the lock
+            # stale: a write landed since (or another draft is open): fold again under the lock, and keep
+            # that fold (its upload running), for an attempt made again after the upload is done
             rows = conn.execute(self._overlay, {"draft_id": locked.id}).all()
-            fold = self._plan(locked.id, rows, start_upload=False)
-            if fold.plan is not None:
-                self.b.trees.store(fold.plan)
+            fold.adopt(self._plan(locked.id, rows, start_upload=True))
         if fold.plan is None:
             return fold.root, locked.file_count
         new, files = fold.plan.root, fold.plan.files
@@ -141,7 +156,7 @@ class Sealing:
                                       S.c.source_id == locked.id, S.c.status == "ready", S.c.root != new)
                      .values(status="stale"))
         if fold.upload is not None:
-            fold.upload.result()
+            self.b.awaited(fold.upload)  # the caller runs its transaction with ``Backends.retry_unlocked``
         return new, files
 
     def seal(self, draft_id: str) -> Digest:
@@ -152,12 +167,16 @@ class Sealing:
             raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
         if fold.plan is None:
             return fold.root
-        try:
+
+        def attempt() -> Digest:
             with self.b.tx() as conn:
                 locked = self.lock(conn, draft_id)
                 if locked is None:
                     raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
                 root, _ = self.apply(conn, fold, locked)
                 return root
+
+        try:
+            return self.b.retry_unlocked(attempt)
         finally:
             fold.settle()

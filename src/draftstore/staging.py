@@ -6,7 +6,11 @@ state (sealed tree + overlay + this batch) and upserts overlay rows. No tree
 object is written until the turn ends (see ``sealing``). The upload runs while
 the transaction does its checks, and the transaction commits only after every
 blob is stored: a row never names a missing blob, and on any error nothing
-changes.
+changes. The checks under the lock read tree nodes from memory only, and an
+upload still running after ``LOCKED_WAIT_S`` is not waited for there: either
+rolls the transaction back, the node is read or the upload awaited with
+nothing locked, and the write runs again (``draftstore.deferred``). A slow
+blob store never holds the draft row for long.
 
 Only a running turn may change its draft: everything that ends a turn locks
 the draft row first, so a write that gets the lock after an end sees the
@@ -32,7 +36,7 @@ from .db.tables import C, D, T
 from .digest import Digest, digest_of
 from .paths import normalize_path, parent_dirs
 from .records import TurnStatus
-from .trees import FileEntry, StagedTree, file_entry
+from .trees import CachedNodes, FileEntry, StagedTree, file_entry
 
 __all__ = ["Staging", "merge_patch"]
 
@@ -171,8 +175,9 @@ class Staging:
         stored = {p: FileEntry(digest_of(v), len(v), p in executable) for p, v in writes}
         faults.point("write.before_upload")
         upload = self.b.upload(self.b.blobs.put_many, [v for _, v in writes]) if writes else None
+        nodes = CachedNodes(self.b.trees)  # the checks under the lock read no node from the blob store
         try:
-            self._apply_rows(turn_id, changes, stored, upload)
+            self.b.retry_unlocked(lambda: self._apply_rows(turn_id, changes, stored, upload, nodes))
         finally:
             if upload is not None and not upload.done():
                 upload.cancel() or upload.exception()  # never leave an upload running past the call
@@ -180,11 +185,11 @@ class Staging:
         self.b.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
 
     def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, FileEntry],
-                    upload: Future[Any] | None) -> None:
+                    upload: Future[Any] | None, nodes: CachedNodes) -> None:
         limits = self.b.limits
         with self.b.tx() as conn:
             draft, overlay = self._lock_with_overlay(conn, turn_id, list(changes))
-            state = StagedTree(self.b.trees, Digest(draft.code_manifest_key), overlay)
+            state = StagedTree(nodes, Digest(draft.code_manifest_key), overlay)
             moved = {}
             for value in changes.values():
                 if isinstance(value, tuple):  # ("move", src, overwrite): resolved before the source is deleted
@@ -223,7 +228,7 @@ class Staging:
                 conn.execute(self._add_file_count, {"draft_id": draft.id, "delta": delta})
             faults.point("write.before_commit")
             if upload is not None:
-                upload.result()  # raises the upload's error, which rolls the transaction back
+                self.b.awaited(upload)  # raises the upload's error, which rolls the transaction back
 
     # -- characters and world settings ---------------------------------------------------------
     def patch(self, turn_id: str, column: str, field: str, patch: Any) -> Any:

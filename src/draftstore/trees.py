@@ -22,10 +22,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from .blobs import BlobStore, ObjectCache
+from .deferred import NodeNotCached
 from .digest import EMPTY_TREE, Digest, digest_of
 from .errors import IntegrityError
 
-__all__ = ["Entry", "FileEntry", "file_entry", "encode_tree", "decode_tree", "TreeReader", "StagedTree", "SealPlan"]
+__all__ = ["Entry", "FileEntry", "file_entry", "encode_tree", "decode_tree", "TreeReader", "CachedNodes", "StagedTree",
+           "SealPlan"]
 
 _HEADER = b"tree 1\n"
 
@@ -247,6 +249,27 @@ class TreeReader:
         new_nodes.append((data, entries))
         files = sum(e.size if e.is_dir else 1 for e in entries.values())
         return digest_of(data), files
+
+
+class CachedNodes(TreeReader):
+    """A tree reader for a transaction holding row locks: it reads only nodes in
+    memory. A node that is not raises ``NodeNotCached`` (the transaction rolls back,
+    the node is read with nothing locked, the operation runs again), ``budget``
+    times at most; past that (a cache too small to keep them) it reads them itself."""
+
+    def __init__(self, trees: TreeReader, budget: int = 8) -> None:
+        super().__init__(trees.blobs, trees.cache)
+        self.source = trees
+        self.budget = budget
+
+    def load(self, digest: Digest) -> dict[str, Entry]:
+        if self.budget > 0 and digest != EMPTY_TREE:
+            node = self.cache.get("tree:" + digest)
+            if node is not None:
+                return node  # type: ignore[no-any-return]
+            self.budget -= 1
+            raise NodeNotCached(lambda: self.source.load(digest), digest)
+        return super().load(digest)
 
 
 class StagedTree:

@@ -6,6 +6,13 @@ and its compacted tool history commit together. A worker killed at any moment
 leaves the turn either running (the recovery sweep interrupts it, which is
 such an end) or fully ended; never ended with its writes unsealed.
 
+The objects of a turn's boundary states (characters + world settings) are
+stored before the rows are locked, from the draft as read just before: a
+begin stores its start state first, an end starts its end state's upload
+beside the ending transaction's statements (as the seal's tree objects are).
+A slow blob store then never holds a project's rows. If the draft changed
+between the read and the lock, the state under the lock is stored there.
+
 Heartbeats live in the coordinator, which every store on the same data shares
 (Redis, or the SQLite coordinator file of the embedded default). The recovery
 sweep interrupts a running turn whose heartbeat lapsed.
@@ -19,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from concurrent.futures import Future
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,12 +37,12 @@ from . import errors as E
 from . import faults
 from . import validation as check
 from .backends import Backends
-from .db.tables import D, T, utcnow
+from .db.tables import D, T, V, utcnow
 from .drafts import Drafts
 from .ids import new_id
 from .projects import Projects
 from .deltas import Deltas
-from .digest import digest_of
+from .digest import Digest, digest_of
 from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware
 from .sealing import Fold, Sealing
 from .toolcalls import ToolCalls
@@ -83,6 +91,7 @@ class Turns:
         with self.b.tx(read_only=True) as conn:
             project = self.projects.load(conn, project_id)
             running = self._running(conn, project_id)
+            start = None if running is not None else self._start_state(conn, project)
         if running is not None:  # refuse before doing any work (re-checked under the lock below)
             raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running", turn_id=running)
         if project.active_draft_id is None and require_draft:
@@ -90,6 +99,10 @@ class Turns:
         if project.active_draft_id is not None:
             # writes an older release's dead worker left unsealed (turn ends seal their own)
             self.sealing.seal(project.active_draft_id)
+        # the start state's object is stored before the rows are locked (never a blob-store request
+        # while they are held); stored again even if it exists, so garbage collection's grace period
+        # covers it until the turn row that names it commits
+        stored = self.b.blobs.put(start) if start is not None else None
         now = utcnow()
         tid = new_id()
         try:
@@ -108,7 +121,10 @@ class Turns:
                                                turn_id=running)
                 number = (conn.execute(sa.select(sa.func.max(T.c.number)).where(T.c.project_id == project_id))
                           .scalar() or 0) + 1
-                state = self.b.blobs.put(state_blob(draft.characters_json, draft.world_settings_json))
+                blob = state_blob(draft.characters_json, draft.world_settings_json)
+                state = digest_of(blob)
+                if state != stored:  # the draft changed since it was read (a publish or a discard between): rare
+                    self.b.blobs.put(blob)
                 conn.execute(T.insert().values(
                     id=tid, project_id=project_id, draft_id=draft.id, number=number,
                     continues_turn_id=draft.last_turn_id, base_version_id=draft.base_version_id, actor=actor,
@@ -125,6 +141,20 @@ class Turns:
         self.b.emit(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
         self.b.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
         return turn_record(row)
+
+    @staticmethod
+    def _start_state(conn: Connection, project: Any) -> bytes:
+        """The state object a turn of ``project`` would start from, as it reads now: its
+        draft's characters and world settings, else its head's (the draft begin derives)."""
+        if project.active_draft_id is not None:
+            row = conn.execute(sa.select(D.c.characters_json, D.c.world_settings_json)
+                               .where(D.c.id == project.active_draft_id)).first()
+        elif project.current_version_id is not None:
+            row = conn.execute(sa.select(V.c.characters_json, V.c.world_settings_json)
+                               .where(V.c.id == project.current_version_id)).first()
+        else:
+            row = None
+        return state_blob({}, {}) if row is None else state_blob(row.characters_json, row.world_settings_json)
 
     @staticmethod
     def _running(conn: Connection, project_id: str) -> str | None:
@@ -163,29 +193,52 @@ class Turns:
             raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
         if fold.turn_status != _RUNNING:
             raise self._not_running(turn_id, fold.turn_status)
+        ending = self._prepare_end_state(turn_id)
         now = utcnow()
-        try:
+
+        def attempt() -> Turn:
             with self.b.tx() as conn:
                 draft = self.sealing.lock(conn, fold.draft_id)
-                turn = self.finish(conn, turn_id, draft, fold, status, now, values)
+                turn = self.finish(conn, turn_id, draft, fold, status, now, values, ending)
                 partial = values.get("partial_response_json")
                 conn.execute(D.update().where(D.c.id == draft.id).values(
                     status=draft_status, status_changed_at=now, revision=D.c.revision + 1,
                     **({"partial_response_json": partial} if partial is not None else {})))
                 faults.point("turn.end.before_commit")
+            return turn
+
+        try:
+            turn = self.b.retry_unlocked(attempt)
         finally:
             fold.settle()
+            if ending is not None and ending[1] is not None:
+                ending[1].exception()  # never leave an upload running past the call
         faults.point("turn.end.after_commit")
         self.ended(turn)
         return turn
 
+    def _prepare_end_state(self, turn_id: str) -> tuple[Digest, Future[Any] | None] | None:
+        """The state the turn would end with, as its draft reads now, and the upload of
+        its object started (None: it is the start state's object, stored already), so
+        the ending transaction waits for an upload under way, never makes one. None:
+        no such turn."""
+        with self.b.statement(read_only=True) as conn:
+            row = conn.execute(sa.select(D.c.characters_json, D.c.world_settings_json, T.c.start_state_digest)
+                               .select_from(T.join(D, D.c.id == T.c.draft_id)).where(T.c.id == turn_id)).first()
+        if row is None:
+            return None
+        blob = state_blob(row.characters_json, row.world_settings_json)
+        state = digest_of(blob)
+        return state, (None if state == row.start_state_digest else self.b.upload(self.b.blobs.put, blob))
+
     def finish(self, conn: Connection, turn_id: str, draft: Any, fold: Fold, status: TurnStatus, now: Any,
-               values: dict[str, Any]) -> Turn:
+               values: dict[str, Any], ending: tuple[Digest, Future[Any] | None] | None = None) -> Turn:
         """Within the caller's transaction, with ``draft`` (the turn's draft row)
         locked: end the running turn ``turn_id`` as ``status``, seal the draft's
         overlay (``fold``, prepared before) into its end root, record the end
-        state and compact its history. Raises ``turn.not_running`` (rolling the
-        caller's transaction back)."""
+        state (``ending``: its object's upload, prepared before) and compact its
+        history. Raises ``turn.not_running`` (rolling the caller's transaction back);
+        the caller runs its transaction under ``Backends.retry_unlocked``."""
         row = conn.execute(self.b.for_update(sa.select(T.c.status, T.c.start_state_digest)
                                              .where(T.c.id == turn_id))).first()
         if row is None or row.status != _RUNNING:
@@ -193,9 +246,13 @@ class Turns:
         root, _ = self.sealing.apply(conn, fold, draft)
         blob = state_blob(draft.characters_json, draft.world_settings_json)
         state = digest_of(blob)
-        if state != row.start_state_digest:
-            # else it is the start state's object: stored when the turn started, and named by this
-            # committed row since (so garbage collection keeps it), it needs no second PUT
+        if ending is not None and ending[0] == state:
+            if ending[1] is not None:
+                self.b.awaited(ending[1])  # stored beside this transaction's statements (raises its failure)
+        elif state != row.start_state_digest:
+            # not prepared (a discard ending the turn), or a patch raced the end: stored here, rarely.
+            # The start state's object needs no second PUT: stored when the turn started, and named
+            # by this committed row since (so garbage collection keeps it)
             self.b.blobs.put(blob)
         calls = self.toolcalls.compact(conn, turn_id)
         row = conn.execute(T.update().where(T.c.id == turn_id).values(
