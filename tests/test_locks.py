@@ -181,8 +181,8 @@ def test_a_turn_end_whose_fold_went_stale_folds_again_and_waits_for_it_with_noth
     sealing = store._turns.sealing
     real_prepare = sealing.prepare_turn
 
-    def prepare_then_write(turn_id: str) -> Any:
-        fold = real_prepare(turn_id)
+    def prepare_then_write(turn_id: str, **kwargs: Any) -> Any:
+        fold = real_prepare(turn_id, **kwargs)
         fold.settle()  # its own upload done: only the fold made again is slow
         other.write_file(turn_id, "two.py", b"2\n")  # lands before the end locks the draft
         seen_calls.append("prepared")

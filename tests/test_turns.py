@@ -575,14 +575,14 @@ def test_an_end_state_changed_after_it_was_prepared_is_stored_as_it_ends(store, 
     store.patch_characters(turn.id, {"hero": {"hp": 2}})
     other = store_factory()
     turns = store._turns
-    real_prepare = turns._prepare_end_state
+    real_upload = turns._upload_end_state
 
-    def prepare_then_patch(turn_id):
-        prepared = real_prepare(turn_id)
-        other.patch_characters(turn_id, {"hero": {"hp": 3}})  # lands before the end's transaction
+    def upload_then_patch(row):
+        prepared = real_upload(row)
+        other.patch_characters(turn.id, {"hero": {"hp": 3}})  # lands before the end's transaction
         return prepared
 
-    monkeypatch.setattr(turns, "_prepare_end_state", prepare_then_patch)
+    monkeypatch.setattr(turns, "_upload_end_state", upload_then_patch)
     ended = store.complete_turn(turn.id, "done")
     assert ended.status == "completed"
     for s in (store, store_factory()):  # a fresh store reads the object from the blob store
@@ -598,7 +598,9 @@ def test_a_start_state_changed_after_it_was_read_is_stored_as_the_turn_starts(st
     from draftstore.turns import state_blob
 
     pid = store.create_project("race-start", files={"a.py": b"a\n"}, characters={"hero": {"hp": 1}}).id
-    monkeypatch.setattr(store._turns, "_start_state", lambda conn, project: state_blob({"hero": {"hp": 0}}, {}))
+    real = store._turns._running_and_start_state
+    monkeypatch.setattr(store._turns, "_running_and_start_state",
+                        lambda conn, project: (real(conn, project)[0], state_blob({"hero": {"hp": 0}}, {})))
     started = store.start_turn(pid, "starts on head")
     for s in (store, store_factory()):  # a fresh store reads the object from the blob store
         assert s.view_at_turn(started.id, "start").characters == {"hero": {"hp": 1}}

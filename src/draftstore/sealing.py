@@ -53,6 +53,7 @@ class Fold:
     upload: Future[Any] | None
     turn_status: str | None = None  # for ``prepare_turn``: the turn's status as read
     superseded: list[Future[Any]] = field(default_factory=list)  # uploads of the folds it replaced
+    also: Any = None  # the first row of the statement the caller asked to be read with the overlay
 
     def settle(self) -> None:
         """Let its uploads finish (after the transaction: stray objects are harmless)."""
@@ -94,17 +95,20 @@ class Sealing:
         """Lock the draft row for the rest of the transaction (None if there is no such draft)."""
         return conn.execute(self._lock, {"draft_id": draft_id}).first()
 
-    def _prepare(self, stmt: Any, key: str) -> Fold:
-        """Read the overlay (one statement, one snapshot), plan its fold, start the upload."""
+    def _prepare(self, stmt: Any, key: str, also: Any = None) -> Fold:
+        """Read the overlay (one statement, one snapshot), plan its fold, start the upload.
+        ``also``: a statement on ``key`` run on the same connection (its first row: ``Fold.also``)."""
         with self.b.statement(read_only=True) as conn:
             rows = conn.execute(stmt, {"key": key}).all()
+            extra = conn.execute(also, {"key": key}).first() if also is not None else None
         if not rows:
-            return Fold(None, EMPTY_TREE, -1, 0, None, None)
+            return Fold(None, EMPTY_TREE, -1, 0, None, None, also=extra)
         status = getattr(rows[0], "status", None)
         if status is not None and status != TurnStatus.RUNNING:
-            return Fold(rows[0].id, Digest(rows[0].code_manifest_key), rows[0].revision, 0, None, None, status)
+            return Fold(rows[0].id, Digest(rows[0].code_manifest_key), rows[0].revision, 0, None, None, status,
+                        also=extra)
         fold = self._plan(rows[0].id, rows, start_upload=True)
-        fold.turn_status = status
+        fold.turn_status, fold.also = status, extra
         return fold
 
     def prepare(self, draft_id: str) -> Fold:
@@ -115,10 +119,11 @@ class Sealing:
         """A prepared fold of the project's open draft (``draft_id`` None if it has none)."""
         return self._prepare(self._of_project, project_id)
 
-    def prepare_turn(self, turn_id: str) -> Fold:
+    def prepare_turn(self, turn_id: str, also: Any = None) -> Fold:
         """A prepared fold of the draft of turn ``turn_id``, with the turn's status
-        (nothing planned unless it is running; ``draft_id`` None if there is no turn)."""
-        return self._prepare(self._of_turn, turn_id)
+        (nothing planned unless it is running; ``draft_id`` None if there is no turn);
+        ``also``: a statement on the turn id (bind parameter ``key``) read beside it."""
+        return self._prepare(self._of_turn, turn_id, also)
 
     def _plan(self, draft_id: str, rows: list[Any], start_upload: bool) -> Fold:
         root, revision = Digest(rows[0].code_manifest_key), rows[0].revision

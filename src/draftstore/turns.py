@@ -52,6 +52,15 @@ __all__ = ["Turns", "turn_record"]
 log = logging.getLogger("draftstore")
 
 _RUNNING = TurnStatus.RUNNING.value
+# a project's running turn, and the state a turn would start from: its draft's, else its head's
+_RUNNING_AND_STATE = tuple(
+    sa.select(sa.select(T.c.id).where(T.c.project_id == sa.bindparam("project_id"), T.c.status == _RUNNING)
+              .scalar_subquery().label("running"), src.c.characters_json, src.c.world_settings_json)
+    .where(src.c.id == sa.bindparam("key"))
+    for src in (D, V))
+# the state a turn would end with, read with its fold (``Turns.end``; ``key``: the turn id)
+_END_STATE = (sa.select(D.c.characters_json, D.c.world_settings_json, T.c.start_state_digest)
+              .select_from(T.join(D, D.c.id == T.c.draft_id)).where(T.c.id == sa.bindparam("key")))
 # every column but the compacted history: what a list of turns needs
 _SUMMARY = [c for c in T.c if c.name != "tool_calls_json"]
 
@@ -90,8 +99,7 @@ class Turns:
         actor = check.actor(actor)
         with self.b.tx(read_only=True) as conn:
             project = self.projects.load(conn, project_id)
-            running = self._running(conn, project_id)
-            start = None if running is not None else self._start_state(conn, project)
+            running, start = self._running_and_start_state(conn, project)
         if running is not None:  # refuse before doing any work (re-checked under the lock below)
             raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running", turn_id=running)
         if project.active_draft_id is None and require_draft:
@@ -143,18 +151,20 @@ class Turns:
         return turn_record(row)
 
     @staticmethod
-    def _start_state(conn: Connection, project: Any) -> bytes:
-        """The state object a turn of ``project`` would start from, as it reads now: its
-        draft's characters and world settings, else its head's (the draft begin derives)."""
+    def _running_and_start_state(conn: Connection, project: Any) -> tuple[str | None, bytes]:
+        """In one statement: the project's running turn (or None), and the state object
+        a turn of it would start from, as it reads now: its draft's characters and world
+        settings, else its head's (the draft begin derives)."""
         if project.active_draft_id is not None:
-            row = conn.execute(sa.select(D.c.characters_json, D.c.world_settings_json)
-                               .where(D.c.id == project.active_draft_id)).first()
+            stmt, key = _RUNNING_AND_STATE[0], project.active_draft_id
         elif project.current_version_id is not None:
-            row = conn.execute(sa.select(V.c.characters_json, V.c.world_settings_json)
-                               .where(V.c.id == project.current_version_id)).first()
+            stmt, key = _RUNNING_AND_STATE[1], project.current_version_id
         else:
-            row = None
-        return state_blob({}, {}) if row is None else state_blob(row.characters_json, row.world_settings_json)
+            return Turns._running(conn, project.id), state_blob({}, {})
+        row = conn.execute(stmt, {"project_id": project.id, "key": key}).first()
+        if row is None:  # gone since the project row was read: the lock re-reads it all
+            return Turns._running(conn, project.id), state_blob({}, {})
+        return row.running, state_blob(row.characters_json, row.world_settings_json)
 
     @staticmethod
     def _running(conn: Connection, project_id: str) -> str | None:
@@ -188,12 +198,12 @@ class Turns:
 
     def end(self, turn_id: str, status: TurnStatus, draft_status: DraftStatus, values: dict[str, Any]) -> Turn:
         """End a running turn and seal its writes, in one transaction (see the module docstring)."""
-        fold = self.sealing.prepare_turn(turn_id)
+        fold = self.sealing.prepare_turn(turn_id, also=_END_STATE)
         if fold.draft_id is None:
             raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
         if fold.turn_status != _RUNNING:
             raise self._not_running(turn_id, fold.turn_status)
-        ending = self._prepare_end_state(turn_id)
+        ending = self._upload_end_state(fold.also)
         now = utcnow()
 
         def attempt() -> Turn:
@@ -217,14 +227,11 @@ class Turns:
         self.ended(turn)
         return turn
 
-    def _prepare_end_state(self, turn_id: str) -> tuple[Digest, Future[Any] | None] | None:
-        """The state the turn would end with, as its draft reads now, and the upload of
-        its object started (None: it is the start state's object, stored already), so
-        the ending transaction waits for an upload under way, never makes one. None:
-        no such turn."""
-        with self.b.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(D.c.characters_json, D.c.world_settings_json, T.c.start_state_digest)
-                               .select_from(T.join(D, D.c.id == T.c.draft_id)).where(T.c.id == turn_id)).first()
+    def _upload_end_state(self, row: Any) -> tuple[Digest, Future[Any] | None] | None:
+        """The state the turn would end with, as its draft read (``_END_STATE``, read with
+        the fold), and the upload of its object started (None: it is the start state's
+        object, stored already), so the ending transaction waits for an upload under
+        way, never makes one. None: no such turn."""
         if row is None:
             return None
         blob = state_blob(row.characters_json, row.world_settings_json)
