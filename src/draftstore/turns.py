@@ -110,7 +110,7 @@ class Turns:
         # the start state's object is stored before the rows are locked (never a blob-store request
         # while they are held); stored again even if it exists, so garbage collection's grace period
         # covers it until the turn row that names it commits
-        stored = self.b.blobs.put(start) if start is not None else None
+        stored = self.b.blobs.put(start)
         now = utcnow()
         tid = new_id()
         try:
