@@ -107,7 +107,7 @@ class Sealing:
         if status is not None and status != TurnStatus.RUNNING:
             return Fold(rows[0].id, Digest(rows[0].code_manifest_key), rows[0].revision, 0, None, None, status,
                         also=extra)
-        fold = self._plan(rows[0].id, rows, start_upload=True)
+        fold = self._plan(rows[0].id, rows)
         fold.turn_status, fold.also = status, extra
         return fold
 
@@ -125,14 +125,14 @@ class Sealing:
         ``also``: a statement on the turn id (bind parameter ``key``) read beside it."""
         return self._prepare(self._of_turn, turn_id, also)
 
-    def _plan(self, draft_id: str, rows: list[Any], start_upload: bool) -> Fold:
+    def _plan(self, draft_id: str, rows: list[Any]) -> Fold:
         root, revision = Digest(rows[0].code_manifest_key), rows[0].revision
         changes: Mapping[str, FileEntry | None] = {
             r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.path is not None}
         if not changes:
             return Fold(draft_id, root, revision, 0, None, None)
         plan = self.b.trees.plan(root, changes)
-        upload = self.b.upload(self.b.trees.store, plan) if start_upload else None
+        upload = self.b.upload(self.b.trees.store, plan)
         return Fold(draft_id, root, revision, len(changes), plan, upload)
 
     def apply(self, conn: Connection, fold: Fold, locked: Any) -> tuple[Digest, int]:
@@ -149,7 +149,7 @@ class Sealing:
             # stale: a write landed since (or another draft is open): fold again under the lock, and keep
             # that fold (its upload running), for an attempt made again after the upload is done
             rows = conn.execute(self._overlay, {"draft_id": locked.id}).all()
-            fold.adopt(self._plan(locked.id, rows, start_upload=True))
+            fold.adopt(self._plan(locked.id, rows))
         if fold.plan is None:
             return fold.root, locked.file_count
         new, files = fold.plan.root, fold.plan.files
