@@ -214,3 +214,20 @@ def test_a_put_into_a_bucket_that_does_not_exist_ends_as_botocore_s_does(real_s3
             store.close()
     assert outcomes[0] == outcomes[1]
     assert outcomes[0] in (("stored", b"no bucket for this yet"), ("refused", "NoSuchBucket"))
+
+
+def test_the_read_pool_threads_hold_open_connections_from_the_start(real_s3: Any, tmp_path: Any) -> None:
+    # a search's chains of reads run on the store's read pool, one GET at a time on the
+    # pool's own threads: the first search of a process must not open their connections
+    from draftstore import Store
+    from draftstore.settings import Settings
+
+    with Store.open(database_url=f"sqlite:///{tmp_path}/ds.db", blob_url=real_s3.url(f"pool-{os.urandom(3).hex()}"),
+                    coord_url="memory://", settings=Settings.load().model_copy(update={"cache_bytes": 0})) as store:
+        blobs = store.blobs
+        assert isinstance(blobs, S3BlobStore) and blobs._reader is not None
+        d = blobs.put(b"read on the read pool")
+        before = blobs._reader.open_connections()
+        got = store._b.in_parallel(lambda _: blobs.get(d), list(range(8)))
+        assert got == [b"read on the read pool"] * 8
+        assert blobs._reader.open_connections() == before

@@ -200,8 +200,9 @@ class Backends:
         return self._reads.submit(fn, *args)
 
     def start_readers(self) -> None:
-        """Start the read pool's threads now, not in a request."""
-        start_workers(self._reads, _READERS)
+        """Start the read pool's threads now, not in a request, each ready to read
+        from the blob store (its connection open, on a store that has one per thread)."""
+        start_workers(self._reads, _READERS, self.blobs.warm_thread)
 
     # -- coordinator -----------------------------------------------------------------
     @contextmanager

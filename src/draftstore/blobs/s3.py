@@ -290,6 +290,12 @@ class S3BlobStore(BlobStoreBase):
         except (BotoCoreError, ValueError) as exc:
             self._raise("create bucket", exc)
 
+    def warm_thread(self) -> None:
+        """Open the calling thread's connection of the lean reader (single reads
+        run on the caller's thread: a read pool's threads call this as they start)."""
+        if self._lean is not None:
+            self._lean.warm()
+
     def _warm_up(self) -> None:
         """Pay the fixed costs of the first read now, not in a request: the first
         GET (one of a key that does not exist: the lean reader's connection, or
@@ -299,7 +305,7 @@ class S3BlobStore(BlobStoreBase):
             self._get_raw("objects/.warm-up")
         except (BackendError, BackendUnavailable):
             pass  # the first real read says so, typed
-        start_workers(self._executor(), self.workers, self._lean.warm if self._lean is not None else None)
+        start_workers(self._executor(), self.workers, self.warm_thread)
 
     # -- error mapping ---------------------------------------------------------------
     def _raise(self, op: str, exc: Exception, key: str | None = None) -> NoReturn:
