@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import TypeVar
 
 __all__ = ["settle", "start_workers"]
@@ -18,11 +18,17 @@ R = TypeVar("R")
 
 def settle(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: list[T]) -> list[R]:
     """``[fn(item) for item in items]``, the calls run on ``pool``. Returns only after
-    every call has settled; if any failed, raises the first failure (in ``items``
-    order) -- nothing is left running either way."""
+    every call has settled; if any failed, raises a failure (the first in ``items``
+    order among the calls that ran) once the calls not started yet are cancelled and
+    the running ones have ended: a batch against a dead backend fails after the
+    calls in flight, not after every call has used its retries. Nothing is left
+    running either way."""
     futures = [pool.submit(fn, item) for item in items]
-    errors = [f.exception() for f in futures]  # waits for all
-    first = next((e for e in errors if e is not None), None)
+    wait(futures, return_when=FIRST_EXCEPTION)
+    for f in futures:
+        f.cancel()  # a no-op for a call that runs or ran
+    wait(futures)
+    first = next((e for f in futures if not f.cancelled() and (e := f.exception()) is not None), None)
     if first is not None:
         raise first
     return [f.result() for f in futures]
