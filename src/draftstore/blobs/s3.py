@@ -291,8 +291,9 @@ class S3BlobStore(BlobStoreBase):
             self._raise("create bucket", exc)
 
     def warm_thread(self) -> None:
-        """Open the calling thread's connection of the lean reader (single reads
-        run on the caller's thread: a read pool's threads call this as they start)."""
+        """Open the calling thread's connection of the lean client (GETs and PUTs
+        alike; a single read runs on the caller's thread, so the store's read pool
+        and this store's transfer pool call this as their threads start)."""
         if self._lean is not None:
             self._lean.warm()
 
