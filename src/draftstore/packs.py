@@ -46,6 +46,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 import zstandard
 
 from .blobs import BlobStore, ObjectCache
@@ -148,8 +149,8 @@ def _header2(digest: str, raw: bytes) -> tuple[dict[str, Any], int]:
     try:
         n = int.from_bytes(raw[len(_MAGIC2):len(_MAGIC2) + 8], "big")
         base = len(_MAGIC2) + 8 + n
-        header = json.loads(zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC2) + 8:base],
-                                                                     max_output_size=1 << 30))
+        header = orjson.loads(zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC2) + 8:base],
+                                                                       max_output_size=1 << 30))
         if not isinstance(header, dict) or not isinstance(header.get("frames"), list):
             raise ValueError("no frame table")
         return header, base
@@ -252,7 +253,7 @@ class Pack:
         try:
             body = zstandard.ZstdDecompressor().decompress(raw[len(_MAGIC):], max_output_size=1 << 34)
             n = int.from_bytes(body[:8], "big")
-            header = json.loads(body[8:8 + n])
+            header = orjson.loads(body[8:8 + n])
             objects = {d: (off, length) for d, off, length in header["objects"]}
         except (zstandard.ZstdError, ValueError, KeyError, TypeError) as exc:
             raise IntegrityError(f"pack {digest[:12]} is malformed: {exc}", digest=digest) from exc

@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 import zstandard
 
 from .digest import digest_of
@@ -242,7 +243,7 @@ def _read_table(body: bytes, pos: int, k: int, width: int,
 def _json_header(body: bytes) -> tuple[Any, int]:
     """A body's length-prefixed JSON header, and where the arrays after it start."""
     n = int.from_bytes(body[:8], "big")
-    return json.loads(body[8:8 + n]), 8 + n
+    return orjson.loads(body[8:8 + n]), 8 + n
 
 
 @dataclass
