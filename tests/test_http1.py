@@ -91,6 +91,12 @@ def test_content_length_responses_reuse_one_connection(server) -> None:  # type:
     c.close()
 
 
+def test_an_interim_answer_is_skipped(server) -> None:  # type: ignore[no-untyped-def]
+    port, _, _ = server([_send(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\ndone")])
+    r = _conn(port).request("PUT", "/", {}, b"x")
+    assert (r.status, r.body, r.keep_alive) == (200, b"done", True)
+
+
 def test_a_chunked_body_is_reassembled(server) -> None:  # type: ignore[no-untyped-def]
     port, _, _ = server([_send(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
                                b"4\r\nWiki\r\n6\r\npedia \r\nE\r\nin \r\n\r\nchunks.\r\n0\r\n\r\n")])

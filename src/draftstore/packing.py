@@ -70,6 +70,15 @@ class Covered:
     rows: tuple[Any, ...]
 
 
+# PostgreSQL: a pack's object rows in one statement (arrays unnested server-side), not one
+# INSERT per row (psycopg's executemany): 10,000 rows took 1.3 s that way on a slow VM
+_PG_OBJECT_ROWS = sa.text(
+    'INSERT INTO pack_object (digest, pack, "offset", length) '
+    "SELECT * FROM unnest(CAST(:digests AS varchar[]), CAST(:packs AS varchar[]), "
+    "CAST(:offsets AS bigint[]), CAST(:lengths AS bigint[])) "
+    "ON CONFLICT DO NOTHING")
+
+
 def _insert_ignoring_duplicates(b: Backends) -> Any:
     if b.sqlite:
         from sqlalchemy.dialects.sqlite import insert
@@ -194,8 +203,15 @@ class Packing:
         with self.b.tx() as conn:
             for pack_row, object_rows in group:
                 conn.execute(insert(PK).values(**pack_row))
-                if object_rows:  # a files pack of large files only holds none: its index is what it is for
+                if not object_rows:  # a files pack of large files only holds none: its index is what it is for
+                    continue
+                if self.b.sqlite:
                     conn.execute(insert(PO), object_rows)
+                else:
+                    conn.execute(_PG_OBJECT_ROWS, {"digests": [r["digest"] for r in object_rows],
+                                                   "packs": [r["pack"] for r in object_rows],
+                                                   "offsets": [r["offset"] for r in object_rows],
+                                                   "lengths": [r["length"] for r in object_rows]})
 
     def _store_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes],
                     stats: PackStats) -> tuple[dict[str, Any], list[dict[str, Any]]]:

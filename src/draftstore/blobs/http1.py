@@ -15,7 +15,7 @@ Guarantees:
   sent again on a new connection), ``ProtocolError`` on a malformed or
   truncated response, the socket's own errors (refused, reset, timed out)
   otherwise. After any failure the connection is closed.
-- A response's body ends as HTTP/1.1 says: after ``Content-Length`` bytes,
+- Interim answers (1xx) are skipped; a response's body ends as HTTP/1.1 says: after ``Content-Length`` bytes,
   at the last chunk of a chunked body, or, with neither, when the peer
   closes the connection (which then is not reused).
 - Header names and values are sent as given; one holding a CR or LF is
@@ -53,7 +53,7 @@ class Response(NamedTuple):
 class _Reader:
     """httptools' callbacks for one response."""
 
-    __slots__ = ("parser", "chunks", "framed", "headers_done", "keep_alive", "done")
+    __slots__ = ("parser", "chunks", "framed", "headers_done", "keep_alive", "interim", "done")
 
     def __init__(self) -> None:
         self.parser: httptools.HttpResponseParser | None = None
@@ -61,6 +61,7 @@ class _Reader:
         self.framed = False  # a Content-Length or Transfer-Encoding says where the body ends
         self.headers_done = False
         self.keep_alive = False
+        self.interim = False  # a 1xx answer: the final response follows it
         self.done = False
 
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -68,14 +69,20 @@ class _Reader:
             self.framed = True
 
     def on_headers_complete(self) -> None:
-        self.headers_done = True
         assert self.parser is not None
+        self.interim = 100 <= self.parser.get_status_code() < 200
+        self.headers_done = not self.interim
         self.keep_alive = self.parser.should_keep_alive()
 
     def on_body(self, body: bytes) -> None:
         self.chunks.append(body)
 
     def on_message_complete(self) -> None:
+        if self.interim:  # e.g. "100 Continue": skipped, as http.client does
+            self.interim = False
+            self.chunks.clear()
+            self.framed = False
+            return
         self.done = True
 
 
