@@ -18,8 +18,11 @@ in one transaction (a reader finding one part finds them all).
 from __future__ import annotations
 
 import json
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Set
+from concurrent.futures import Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +80,9 @@ _PG_OBJECT_ROWS = sa.text(
     "SELECT * FROM unnest(CAST(:digests AS varchar[]), CAST(:packs AS varchar[]), "
     "CAST(:offsets AS bigint[]), CAST(:lengths AS bigint[])) "
     "ON CONFLICT DO NOTHING")
+
+
+_STORE_AHEAD = 2  # units of one write stored side by side
 
 
 def _insert_ignoring_duplicates(b: Backends) -> Any:
@@ -182,19 +188,40 @@ class Packing:
               blobs: Mapping[str, bytes] | None = None) -> PackStats:
         """Write the packs of tree ``root`` that do not exist yet (and the files too
         large for a pack, on their own). ``nodes``/``blobs``: content not stored
-        anywhere yet (an import); everything else is read through the store."""
+        anywhere yet (an import); everything else is read through the store. Two units
+        are built and uploaded side by side; rows are committed in plan order, each
+        after its objects are stored."""
         decoded = {d: entries for d, (_, entries) in (nodes or {}).items()}
         stats = PackStats()
+        lock = threading.Lock()
         units = self.plan(root, decoded)
         group: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-        for i, unit in enumerate(units):
-            group.append(self._store_unit(unit, nodes or {}, blobs or {}, stats))
-            nxt = units[i + 1] if i + 1 < len(units) else None
+        # units are stored _STORE_AHEAD at a time on the read pool (an index build's numpy
+        # work and the uploads release the GIL; 2 cores); rows are committed in plan order
+        ahead: deque[tuple[int, Future[Any]]] = deque()
+
+        def finish_oldest() -> None:
+            i, done = ahead.popleft()
+            group.append(done.result())
+            unit, nxt = units[i], units[i + 1] if i + 1 < len(units) else None
             if nxt is None or (nxt.tree, nxt.kind) != (unit.tree, unit.kind):
                 # every part of a pack root in one transaction: a reader (or another
                 # packer's plan) that finds one part's row finds them all
                 self._commit(group)
-                group = []
+                group.clear()
+
+        try:
+            for i, unit in enumerate(units):
+                ahead.append((i, self.b.beside(self._store_unit, unit, nodes or {}, blobs or {}, stats, lock)))
+                if len(ahead) >= _STORE_AHEAD:
+                    finish_oldest()
+            while ahead:
+                finish_oldest()
+        except BaseException:
+            for _, f in ahead:  # nothing of this write goes on after it failed
+                f.cancel()
+            wait([f for _, f in ahead])
+            raise
         return stats
 
     def _commit(self, group: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
@@ -214,7 +241,7 @@ class Packing:
                                                    "lengths": [r["length"] for r in object_rows]})
 
     def _store_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes],
-                    stats: PackStats) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+                    stats: PackStats, lock: threading.Lock) -> tuple[dict[str, Any], list[dict[str, Any]]]:
         """Store one unit's objects (pack, index, files too large to pack); returns its
         ``pack`` row and ``pack_object`` rows, for the caller to commit."""
         node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.b.trees.load(d))) for d in unit.nodes]
@@ -224,8 +251,9 @@ class Packing:
         content = {e.digest: blobs[e.digest] if e.digest in blobs else fetched[e.digest] for _, e in everything}
         if unit.loose:  # stored on their own, before the rows that index them
             self.b.blobs.put_many([content[e.digest] for _, e in unit.loose])
-            stats.loose += len(unit.loose)
-            stats.stored_bytes += sum(e.size for _, e in unit.loose)
+            with lock:
+                stats.loose += len(unit.loose)
+                stats.stored_bytes += sum(e.size for _, e in unit.loose)
         raw, index = encode_pack(node_bytes + [(e.digest, content[e.digest]) for _, e in unit.files])
         index_digest = None
         stored = len(raw)
@@ -238,10 +266,11 @@ class Packing:
             stored += len(directory) + sum(map(len, shards))
         pack = self.b.blobs.put(raw)
         faults.point("pack.after_upload")
-        stats.packs += 1
-        stats.objects += len(index)
-        stats.bytes += sum(n for _, _, n in index)
-        stats.stored_bytes += stored
+        with lock:
+            stats.packs += 1
+            stats.objects += len(index)
+            stats.bytes += sum(n for _, _, n in index)
+            stats.stored_bytes += stored
         return ({"digest": pack, "tree": unit.tree, "kind": unit.kind, "part": unit.part, "objects": len(index),
                  "bytes": sum(n for _, _, n in index), "search_index": index_digest, "created_at": utcnow(),
                  "cover": json.dumps(unit.cover) if unit.cover is not None else None},
