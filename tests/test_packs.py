@@ -182,6 +182,42 @@ def test_import_writes_packs_not_one_object_per_file(store: Store, store_factory
     assert view.stat("assets/big.bin").size == BIG
 
 
+def test_an_import_whose_unit_fails_stops_every_unit_and_commits_no_row_after_it(store: Store) -> None:
+    """Units are stored two at a time: the first failure ends the write; no unit starts or
+    runs after it, and no pack row is committed for the failed unit or any later one."""
+    files = project_files(4_100, seed=3)  # over MAX_PACK_FILES: one unit per src/mNNN
+    real = store._packing._store_unit  # noqa: SLF001 - the unit of work under test
+    order: list[str] = []
+    running = [0]
+    lock = threading.Lock()
+
+    def store_unit(unit: Any, *args: Any) -> Any:
+        with lock:
+            order.append(unit.tree)
+            running[0] += 1
+            nth = len(order)
+        try:
+            if nth == 3:
+                raise RuntimeError("the third unit fails")
+            return real(unit, *args)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    with mock.patch.object(store._packing, "_store_unit", store_unit), \
+            pytest.raises(RuntimeError, match="third unit"):
+        store.create_project("fails", files=files)
+    assert running[0] == 0  # nothing of the write still runs
+    started = list(order)
+    assert 3 <= len(started) <= 4  # at most the unit beside the failed one had started
+    committed = {r.tree for r in packs_in_store(store)}
+    assert started[2] not in committed and (len(started) < 4 or started[3] not in committed)
+    assert not any(p.name == "fails" for p in store.list_projects())
+    # the store goes on: the same import succeeds and reads back whole
+    p = store.create_project("again", files=files)
+    assert store.view(p.id).read_file("src/m000/s0/f0.py") == files["src/m000/s0/f0.py"]
+
+
 def test_packed_blobs_stay_addressable_by_digest(store: Store, store_factory: Any) -> None:
     files = project_files(300, seed=1)
     store.create_project("by-digest", files=files)
