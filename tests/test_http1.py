@@ -142,30 +142,21 @@ def test_connection_close_and_http_1_0_are_not_reused(server) -> None:  # type: 
     assert accepted[0] == 3
 
 
-def test_a_connection_closed_before_the_answer_is_connection_closed(server) -> None:  # type: ignore[no-untyped-def]
-    def hang_up(conn: socket.socket, _: bytes) -> None:
-        conn.shutdown(socket.SHUT_RDWR)
-
-    port, _, _ = server([hang_up])
-    c = _conn(port)
-    with pytest.raises(ConnectionClosed):
-        c.request("GET", "/", {})
-    assert c.sock is None
-
-
-@pytest.mark.parametrize("answer", [
-    b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",  # cut short
-    b"HTTP/1.1 200 OK\r\nContent-Le",  # in the headers
-    b"NOT HTTP AT ALL\r\n\r\n",  # malformed
-], ids=["body-cut-short", "headers-cut-short", "malformed"])
-def test_a_truncated_or_malformed_response_is_a_protocol_error(server, answer: bytes) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize("answer,error", [
+    (b"", ConnectionClosed),  # closed before answering: the request may be sent again
+    (b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort", ProtocolError),  # cut short
+    (b"HTTP/1.1 200 OK\r\nContent-Le", ProtocolError),  # in the headers
+    (b"NOT HTTP AT ALL\r\n\r\n", ProtocolError),  # malformed
+], ids=["closed-before-answering", "body-cut-short", "headers-cut-short", "malformed"])
+def test_a_missing_truncated_or_malformed_response_fails_typed_and_closes(  # type: ignore[no-untyped-def]
+        server, answer: bytes, error: type[OSError]) -> None:
     def answer_and_close(conn: socket.socket, _: bytes) -> None:
         conn.sendall(answer)
         conn.shutdown(socket.SHUT_RDWR)
 
     port, _, _ = server([answer_and_close])
     c = _conn(port)
-    with pytest.raises(ProtocolError):
+    with pytest.raises(error):
         c.request("GET", "/", {})
     assert c.sock is None
 

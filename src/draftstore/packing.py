@@ -18,11 +18,10 @@ in one transaction (a reader finding one part finds them all).
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Set
-from concurrent.futures import Future, wait
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +32,7 @@ from .backends import Backends
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
 from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, FrameLocation, encode_pack, frame_locations
+from .pools import drain
 from .searchindex import IndexDirectory, IndexShard, Query, SearchIndex, build_sharded_index, decode_index
 from .trees import Entry, encode_tree
 
@@ -62,6 +62,13 @@ class PackStats:
     bytes: int = 0  # uncompressed bytes packed
     stored_bytes: int = 0  # bytes written (compressed packs, indexes, large files)
     loose: int = 0  # files too large for a pack, stored on their own
+
+    def add(self, other: "PackStats") -> None:
+        self.packs += other.packs
+        self.objects += other.objects
+        self.bytes += other.bytes
+        self.stored_bytes += other.stored_bytes
+        self.loose += other.loose
 
 
 @dataclass(frozen=True)
@@ -193,7 +200,6 @@ class Packing:
         after its objects are stored."""
         decoded = {d: entries for d, (_, entries) in (nodes or {}).items()}
         stats = PackStats()
-        lock = threading.Lock()
         units = self.plan(root, decoded)
         group: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
         # units are stored _STORE_AHEAD at a time on the read pool (an index build's numpy
@@ -202,7 +208,9 @@ class Packing:
 
         def finish_oldest() -> None:
             i, done = ahead.popleft()
-            group.append(done.result())
+            pack_row, object_rows, unit_stats = done.result()
+            group.append((pack_row, object_rows))
+            stats.add(unit_stats)
             unit, nxt = units[i], units[i + 1] if i + 1 < len(units) else None
             if nxt is None or (nxt.tree, nxt.kind) != (unit.tree, unit.kind):
                 # every part of a pack root in one transaction: a reader (or another
@@ -212,15 +220,13 @@ class Packing:
 
         try:
             for i, unit in enumerate(units):
-                ahead.append((i, self.b.beside(self._store_unit, unit, nodes or {}, blobs or {}, stats, lock)))
+                ahead.append((i, self.b.beside(self._store_unit, unit, nodes or {}, blobs or {})))
                 if len(ahead) >= _STORE_AHEAD:
                     finish_oldest()
             while ahead:
                 finish_oldest()
         except BaseException:
-            for _, f in ahead:  # nothing of this write goes on after it failed
-                f.cancel()
-            wait([f for _, f in ahead])
+            drain([f for _, f in ahead])  # nothing of this write goes on after it failed
             raise
         return stats
 
@@ -240,10 +246,11 @@ class Packing:
                                                    "offsets": [r["offset"] for r in object_rows],
                                                    "lengths": [r["length"] for r in object_rows]})
 
-    def _store_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes],
-                    stats: PackStats, lock: threading.Lock) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    def _store_unit(self, unit: _Unit, nodes: Mapping[str, tuple[bytes, Any]], blobs: Mapping[str, bytes]
+                    ) -> tuple[dict[str, Any], list[dict[str, Any]], PackStats]:
         """Store one unit's objects (pack, index, files too large to pack); returns its
-        ``pack`` row and ``pack_object`` rows, for the caller to commit."""
+        ``pack`` row and ``pack_object`` rows, for the caller to commit, and what it stored."""
+        stats = PackStats()
         node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.b.trees.load(d))) for d in unit.nodes]
         everything = unit.files + unit.loose
         wanted = [e.digest for _, e in everything if e.digest not in blobs]
@@ -251,9 +258,8 @@ class Packing:
         content = {e.digest: blobs[e.digest] if e.digest in blobs else fetched[e.digest] for _, e in everything}
         if unit.loose:  # stored on their own, before the rows that index them
             self.b.blobs.put_many([content[e.digest] for _, e in unit.loose])
-            with lock:
-                stats.loose += len(unit.loose)
-                stats.stored_bytes += sum(e.size for _, e in unit.loose)
+            stats.loose += len(unit.loose)
+            stats.stored_bytes += sum(e.size for _, e in unit.loose)
         raw, index = encode_pack(node_bytes + [(e.digest, content[e.digest]) for _, e in unit.files])
         index_digest = None
         stored = len(raw)
@@ -266,15 +272,14 @@ class Packing:
             stored += len(directory) + sum(map(len, shards))
         pack = self.b.blobs.put(raw)
         faults.point("pack.after_upload")
-        with lock:
-            stats.packs += 1
-            stats.objects += len(index)
-            stats.bytes += sum(n for _, _, n in index)
-            stats.stored_bytes += stored
+        stats.packs += 1
+        stats.objects += len(index)
+        stats.bytes += sum(n for _, _, n in index)
+        stats.stored_bytes += stored
         return ({"digest": pack, "tree": unit.tree, "kind": unit.kind, "part": unit.part, "objects": len(index),
                  "bytes": sum(n for _, _, n in index), "search_index": index_digest, "created_at": utcnow(),
                  "cover": json.dumps(unit.cover) if unit.cover is not None else None},
-                [{"digest": d, "pack": pack, "offset": off, "length": n} for d, off, n in index])
+                [{"digest": d, "pack": pack, "offset": off, "length": n} for d, off, n in index], stats)
 
     def import_tree(self, files: Mapping[str, bytes], executable: frozenset[str]) -> tuple[Digest, int, PackStats]:
         """Store new files as a tree written in packs (no PUT per file). Returns (root, files, stats)."""

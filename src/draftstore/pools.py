@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
-from typing import TypeVar
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
+from typing import Any, TypeVar
 
-__all__ = ["settle", "start_workers"]
+__all__ = ["settle", "drain", "start_workers"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -25,13 +25,18 @@ def settle(pool: ThreadPoolExecutor, fn: Callable[[T], R], items: list[T]) -> li
     running either way."""
     futures = [pool.submit(fn, item) for item in items]
     wait(futures, return_when=FIRST_EXCEPTION)
-    for f in futures:
-        f.cancel()  # a no-op for a call that runs or ran
-    wait(futures)
+    drain(futures)
     first = next((e for f in futures if not f.cancelled() and (e := f.exception()) is not None), None)
     if first is not None:
         raise first
     return [f.result() for f in futures]
+
+
+def drain(futures: list[Future[Any]]) -> None:
+    """Cancel the calls not started yet and wait for the running ones to end."""
+    for f in futures:
+        f.cancel()  # a no-op for a call that runs or ran
+    wait(futures)
 
 
 def start_workers(pool: ThreadPoolExecutor, n: int, each: Callable[[], None] | None = None) -> None:
