@@ -165,3 +165,28 @@ def test_writing_to_a_rejected_path_is_denied_and_changes_nothing(embedded_turn,
     after = store.get_draft(project_id)
     assert after.revision == before.revision
     assert store.view(project_id).list_files() == files_before == ["keep.py"]
+
+
+def test_control_characters_are_refused_exactly_as_their_unicode_category_says():
+    """ASCII paths take a shortcut (one scan for C0 controls and DEL); every path is judged
+    as the rule says: categories Cc and Cs, U+2028 and U+2029 are refused, nothing else."""
+    for cp in [*range(0x3000), 0xFEFF, 0xFFFD, 0x1F600, 0xE0001, 0x10FFFD]:
+        ch = chr(cp)
+        if ch in "/\\" or 0xD800 <= cp <= 0xDFFF:  # separators; surrogates fail as "not valid UTF-8"
+            continue
+        refused = unicodedata.category(ch) in ("Cc", "Cs") or ch in "\u2028\u2029"
+        try:
+            normalize_path(f"dir/a{ch}b.py")
+        except PathDenied as exc:
+            assert refused, f"U+{cp:04X} was refused: {exc}"
+            assert exc.details["reason"] == "control character"
+            continue
+        assert not refused, f"U+{cp:04X} should be refused"
+
+
+def test_a_segment_is_limited_in_bytes_not_characters():
+    assert normalize_path("d/" + "\u00e9" * 127) == "d/" + "\u00e9" * 127  # 254 bytes
+    with pytest.raises(PathDenied) as exc:
+        normalize_path("d/" + "\u00e9" * 128)  # 256 bytes in 128 characters
+    assert "segment longer" in exc.value.details["reason"]
+    assert normalize_path("d/" + "x" * 255) == "d/" + "x" * 255

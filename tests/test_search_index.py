@@ -531,6 +531,30 @@ def test_required_trigrams_never_exclude_a_matching_file(pattern: str, regex: bo
     assert index_admits(pattern, regex, ignore_case, text), required_trigrams(pattern, regex, ignore_case)
 
 
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(texts=st.lists(st.one_of(st.binary(max_size=60), st.text("abAB\u00e9\n ", max_size=60).map(str.encode)),
+                      max_size=30),
+       batch=st.sampled_from([1 << 22, 64, 7]))
+def test_the_trigram_table_is_every_files_distinct_trigrams_by_trigram_then_file(texts: list[bytes],
+                                                                                batch: int) -> None:
+    """The index's table, however its passes are batched, equals a plain set-based build:
+    each lowercased trigram once, its files ascending; a binary file contributes none."""
+    files = [(f"f{i}", "", t) for i, t in enumerate(texts)]
+    expected: dict[int, set[int]] = {}
+    for i, data in enumerate(texts):
+        if b"\x00" in data[:8192]:
+            continue
+        low = data.lower()
+        for j in range(len(low) - 2):
+            expected.setdefault((low[j] << 16) | (low[j + 1] << 8) | low[j + 2], set()).add(i)
+    with mock.patch.object(searchindex_module, "_BATCH", batch):
+        keys, offsets, postings = searchindex_module._table(files)  # noqa: SLF001 - the structure under test
+    assert keys.tolist() == sorted(expected)
+    got = {int(k): postings[offsets[n]:offsets[n + 1]].tolist() for n, k in enumerate(keys)}
+    assert got == {k: sorted(v) for k, v in expected.items()}
+    assert int(offsets[-1]) == len(postings)
+
+
 def test_required_trigrams_still_narrow() -> None:
     """Conservative, not useless: plain literals and alternations do filter."""
     def gram(s: str) -> int:

@@ -19,9 +19,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Set
-from concurrent.futures import Future
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -90,6 +89,7 @@ _PG_OBJECT_ROWS = sa.text(
 
 
 _STORE_AHEAD = 2  # units of one write stored side by side
+_STORED_AHEAD = 4  # units stored, or being stored, past the next one to commit (bounds what waits in memory)
 
 
 def _insert_ignoring_duplicates(b: Backends) -> Any:
@@ -202,31 +202,41 @@ class Packing:
         stats = PackStats()
         units = self.plan(root, decoded)
         group: list[tuple[dict[str, Any], list[dict[str, Any]]]] = []
-        # units are stored _STORE_AHEAD at a time on the read pool (an index build's numpy
-        # work and the uploads release the GIL; 2 cores); rows are committed in plan order
-        ahead: deque[tuple[int, Future[Any]]] = deque()
+        # _STORE_AHEAD units are stored at a time on the read pool (an index build's numpy
+        # work and the uploads release the GIL; 2 cores): the next one starts as soon as
+        # either ends, not when the oldest is committed (a core sat idle meanwhile); rows
+        # are committed in plan order, at most _STORED_AHEAD units past the next to commit
+        running: dict[int, Future[Any]] = {}
+        stored: dict[int, tuple[dict[str, Any], list[dict[str, Any]], PackStats]] = {}
+        started = committed = 0
 
-        def finish_oldest() -> None:
-            i, done = ahead.popleft()
-            pack_row, object_rows, unit_stats = done.result()
-            group.append((pack_row, object_rows))
-            stats.add(unit_stats)
-            unit, nxt = units[i], units[i + 1] if i + 1 < len(units) else None
-            if nxt is None or (nxt.tree, nxt.kind) != (unit.tree, unit.kind):
-                # every part of a pack root in one transaction: a reader (or another
-                # packer's plan) that finds one part's row finds them all
-                self._commit(group)
-                group.clear()
+        def start_more() -> None:
+            nonlocal started
+            while started < len(units) and len(running) < _STORE_AHEAD and started - committed < _STORED_AHEAD:
+                running[started] = self.b.beside(self._store_unit, units[started], nodes or {}, blobs or {})
+                started += 1
 
         try:
-            for i, unit in enumerate(units):
-                ahead.append((i, self.b.beside(self._store_unit, unit, nodes or {}, blobs or {})))
-                if len(ahead) >= _STORE_AHEAD:
-                    finish_oldest()
-            while ahead:
-                finish_oldest()
+            start_more()
+            while committed < len(units):
+                wait(list(running.values()), return_when=FIRST_COMPLETED)
+                for i in sorted(i for i, f in running.items() if f.done()):
+                    stored[i] = running.pop(i).result()  # a unit's failure ends the write here
+                start_more()  # before the commits below, which take a while
+                while committed in stored:
+                    pack_row, object_rows, unit_stats = stored.pop(committed)
+                    group.append((pack_row, object_rows))
+                    stats.add(unit_stats)
+                    unit, nxt = units[committed], units[committed + 1] if committed + 1 < len(units) else None
+                    if nxt is None or (nxt.tree, nxt.kind) != (unit.tree, unit.kind):
+                        # every part of a pack root in one transaction: a reader (or another
+                        # packer's plan) that finds one part's row finds them all
+                        self._commit(group)
+                        group.clear()
+                    committed += 1
+                start_more()
         except BaseException:
-            drain([f for _, f in ahead])  # nothing of this write goes on after it failed
+            drain(list(running.values()))  # nothing of this write goes on after it failed
             raise
         return stats
 
@@ -286,8 +296,9 @@ class Packing:
         from .digest import EMPTY_TREE
         from .trees import FileEntry
 
-        blobs = {digest_of(data): data for data in files.values()}
-        changes = {p: FileEntry(digest_of(data), len(data), p in executable) for p, data in files.items()}
+        digests = {p: digest_of(data) for p, data in files.items()}  # each file hashed once
+        blobs = {digests[p]: data for p, data in files.items()}
+        changes = {p: FileEntry(digests[p], len(data), p in executable) for p, data in files.items()}
         plan = self.b.trees.plan(EMPTY_TREE, changes)
         nodes = {digest_of(data): (data, entries) for data, entries in plan.nodes}
         stats = self.write(plan.root, nodes=nodes, blobs=blobs)

@@ -18,6 +18,9 @@ from .settings import Limits
 __all__ = ["normalize_path", "parent_dirs", "normalize_dir"]
 
 _DRIVE = re.compile(r"^[A-Za-z]:")
+# the control characters an ASCII path can hold (category Cc: C0 and DEL); every other
+# character that is refused (C1 controls, surrogates, U+2028/U+2029) is not ASCII
+_ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DEFAULT_LIMITS = Limits.model_construct()  # the documented defaults; a store passes its own
 
 
@@ -45,9 +48,14 @@ def normalize_path(path: object, limits: Limits | None = None) -> str:
         raise _deny("not valid UTF-8", path) from None
     if len(encoded) > lim.max_path_bytes:
         raise _deny(f"longer than {lim.max_path_bytes} bytes", path)
-    for ch in path:
-        if unicodedata.category(ch) in ("Cc", "Cs") or ch in "\u2028\u2029":
+    ascii_only = len(encoded) == len(path)
+    if ascii_only:  # most paths: one regex scan instead of a category lookup per character
+        if _ASCII_CONTROL.search(path):
             raise _deny("control character", path)
+    else:
+        for ch in path:
+            if unicodedata.category(ch) in ("Cc", "Cs") or ch in "\u2028\u2029":
+                raise _deny("control character", path)
     if "\\" in path:
         raise _deny("backslash", path)
     # drop the one optional './' first, so every later rule sees the canonical form
@@ -65,7 +73,7 @@ def normalize_path(path: object, limits: Limits | None = None) -> str:
             raise _deny("empty segment", path)
         if seg in (".", ".."):
             raise _deny(f"'{seg}' segment", path)
-        if len(seg.encode("utf-8")) > lim.max_segment_bytes:
+        if (len(seg) if ascii_only else len(seg.encode("utf-8"))) > lim.max_segment_bytes:
             raise _deny(f"segment longer than {lim.max_segment_bytes} bytes", path)
     return path
 

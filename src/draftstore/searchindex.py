@@ -90,21 +90,38 @@ def _distinct(sorted_values: np.ndarray) -> np.ndarray:
 _BATCH = 1 << 22  # bytes of text per vectorised pass
 
 
+def _by_trigram(tri: np.ndarray) -> np.ndarray:
+    """The permutation that orders 24-bit trigrams ascending, equal ones kept in their
+    order (stable): two passes of a radix sort, 12 bits each. numpy sorts 16-bit keys
+    by radix in linear time, wider ones by comparison: for the 2.7 million trigrams of
+    2,500 files of 1 KiB, a sort of 64-bit (file, trigram) keys took 161 ms here, these
+    two passes with their gathers 107 ms, and the table then needs no second sort."""
+    low = np.argsort((tri & 0xFFF).astype(np.uint16), kind="stable")
+    return low[np.argsort((tri[low] >> 12).astype(np.uint16), kind="stable")]
+
+
 def _pairs(texts: list[bytes], first: int) -> tuple[np.ndarray, np.ndarray]:
-    """(trigram, file ordinal) pairs, each once, for files ``first``, ``first + 1``, ...:
-    one vectorised pass over their concatenation instead of one numpy call per file."""
+    """(trigram, file ordinal) pairs, each once, ordered by trigram and then file, for
+    files ``first``, ``first + 1``, ...: one vectorised pass over their concatenation
+    instead of one numpy call per file."""
     lengths = np.fromiter((len(t) for t in texts), dtype=np.int64, count=len(texts))
-    # 32-bit arithmetic until the (owner, trigram) key, which needs 56 bits: half the
-    # memory traffic of doing it all in 64 bits (an import's index build ran 2.6x faster)
+    # 32-bit arithmetic throughout: half the memory traffic of 64 bits
     a = np.frombuffer(b"".join(texts).lower(), dtype=np.uint8).astype(np.uint32)
     if len(a) < 3:
         return np.empty(0, dtype=np.uint32), np.empty(0, dtype=np.uint32)
-    owner = np.repeat(np.arange(len(texts), dtype=np.uint32), lengths)
-    tri = (a[:-2] << 16) | (a[1:-1] << 8) | a[2:]
+    owner = np.repeat(np.arange(first, first + len(texts), dtype=np.uint32), lengths)
     keep = owner[:-2] == owner[2:]  # a trigram never spans two files
-    keys = np.sort((owner[:-2][keep].astype(np.uint64) << 24) | tri[keep])
-    keys = keys[_distinct(keys)]
-    return (keys & 0xFFFFFF).astype(np.uint32), ((keys >> 24) + first).astype(np.uint32)
+    tri = ((a[:-2] << 16) | (a[1:-1] << 8) | a[2:])[keep]
+    owner = owner[:-2][keep]
+    # positions come in file order, so a stable sort by trigram leaves each trigram's
+    # files ascending, and a trigram's repeats within one file side by side
+    order = _by_trigram(tri)
+    tri, owner = tri[order], owner[order]
+    first_seen = np.empty(len(tri), dtype=bool)
+    if len(tri):
+        first_seen[0] = True
+        np.logical_or(tri[1:] != tri[:-1], owner[1:] != owner[:-1], out=first_seen[1:])
+    return tri[first_seen], owner[first_seen]
 
 
 def _table(files: list[tuple[str, str, bytes]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -126,20 +143,18 @@ def _table(files: list[tuple[str, str, bytes]]) -> tuple[np.ndarray, np.ndarray,
         g, o = _pairs(batch, start)
         grams.append(g)
         owners.append(o)
-    if grams:
-        g = np.concatenate(grams)
-        o = np.concatenate(owners)
-        # by trigram, owners ascending within one: one sort of (trigram, owner) keys
-        # (4x faster here than a stable argsort and two gathers)
-        k = (g.astype(np.uint64) << 32) | o
-        k.sort()
-        g, o = (k >> 32).astype(np.uint32), (k & 0xFFFFFFFF).astype(np.uint32)
-        starts = np.flatnonzero(_distinct(g))
-        keys = g[starts]
+    if len(grams) > 1:
+        # batches hold disjoint, ascending runs of files: a stable sort by trigram of
+        # their concatenation keeps each trigram's files ascending
+        g, o = np.concatenate(grams), np.concatenate(owners)
+        order = _by_trigram(g)
+        g, o = g[order], o[order]
+    elif grams:
+        g, o = grams[0], owners[0]
     else:
-        keys = o = np.empty(0, dtype=np.uint32)
-        starts = np.empty(0, dtype=np.int64)
-    return keys.astype(np.uint32), np.append(starts, len(o)).astype(np.uint32), o
+        g = o = np.empty(0, dtype=np.uint32)
+    starts = np.flatnonzero(_distinct(g))
+    return g[starts].astype(np.uint32), np.append(starts, len(o)).astype(np.uint32), o.astype(np.uint32)
 
 
 def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
