@@ -6,6 +6,7 @@ Standard library only, so CI can run it before the project is installed::
     python infra/seaweedfs.py start DIR [--port-base N]   # prints `export ...` lines
     python infra/seaweedfs.py env DIR                     # prints them again
     python infra/seaweedfs.py stop DIR
+    python infra/seaweedfs.py restart DIR                 # start it again if it died (same ports, keys, data)
 
 or, from Python::
 
@@ -382,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
     p_stop.add_argument("dir")
     p_env = sub.add_parser("env", help="print the `export` lines for the weed started in DIR")
     p_env.add_argument("dir")
+    p_restart = sub.add_parser(
+        "restart", help="start the weed recorded in DIR again if it is not running (same ports, keys and data)"
+    )
+    p_restart.add_argument("dir")
     args = parser.parse_args(argv)
     try:
         if args.cmd == "start":
@@ -396,6 +401,11 @@ def main(argv: list[str] | None = None) -> int:
             except SeaweedFSError:
                 return 0  # nothing was started there: stopping is idempotent
             fs.stop()
+        elif args.cmd == "restart":
+            fs = SeaweedFS.from_dir(args.dir)
+            if not fs.running():
+                fs.start()
+                fs._proc = None  # detached, as after `start`
         else:
             _print_env(SeaweedFS.from_dir(args.dir))
     except SeaweedFSError as exc:
