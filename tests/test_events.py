@@ -257,3 +257,50 @@ def test_a_stream_that_lost_events_comes_back_under_a_new_epoch(coordinator: Any
         assert again.epoch != t2.epoch and [e.type for e in again.events] == ["assistant.delta"]
     finally:
         publisher.close()
+
+
+class _Calls:
+    """A coordinator that records which appends and expiries reach it, in order."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls: list[tuple[str, Any]] = []
+
+    def append_many(self, events: Any) -> Any:
+        self.calls.append(("append", [(stream, type) for stream, type, _ in events]))
+        return self.inner.append_many(events)
+
+    def expire(self, stream: str, ttl_s: float) -> None:
+        self.calls.append(("expire", stream))
+        self.inner.expire(stream, ttl_s)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def test_a_turns_end_and_the_next_turns_start_are_one_append_then_the_expiry(coordinator: Any) -> None:
+    # a turn ends (its events, then its stream's expiry) and the next starts within one linger:
+    # one round trip for the four events, then the expiry, never append / expire / append
+    calls = _Calls(coordinator)
+    publisher = EventPublisher(calls, linger_s=30.0)
+    try:
+        publisher.emit("turn:t1", "turn.ended", {"turn_id": "t1"})
+        publisher.emit("project:p", "turn.ended", {"turn_id": "t1"})
+        publisher.expire("turn:t1", 3600)
+        publisher.emit("turn:t2", "turn.started", {"turn_id": "t2"})
+        publisher.emit("project:p", "turn.started", {"turn_id": "t2"})
+        assert publisher.flush(timeout=10)
+        assert calls.calls == [
+            ("append", [("turn:t1", "turn.ended"), ("project:p", "turn.ended"),
+                        ("turn:t2", "turn.started"), ("project:p", "turn.started")]),
+            ("expire", "turn:t1"),
+        ]
+        assert [e.type for e in coordinator.read("project:p")] == ["turn.ended", "turn.started"]
+        assert [e.type for e in coordinator.read("turn:t1")] == ["turn.ended"]  # expires later, not now
+        # an expiry alone is still carried out, with no empty append before it
+        calls.calls.clear()
+        publisher.expire("turn:t2", 3600)
+        assert publisher.flush(timeout=10)
+        assert calls.calls == [("expire", "turn:t2")]
+    finally:
+        publisher.close()

@@ -212,27 +212,26 @@ class EventPublisher:
                     batch.append(self._queue.get_nowait())
                 except queue.Empty:
                     break
-            pending: list[tuple[str, str, dict[str, Any]]] = []
+            # the whole batch's events in one round trip, then its expiries, then the flushes
+            # it holds are answered: an expiry queued between two events of a burst (a turn's
+            # end, then the next turn's start) does not split the burst into two appends. An
+            # expiry then lands after events queued behind it too, which only starts its
+            # time-to-live a little later (an append keeps a stream's expiry).
+            events = [e for e in batch if e is not _STOP and isinstance(e[0], str)]
+            self._append(events)
+            for e in batch:
+                if e is not _STOP and e[0] is _EXPIRE:
+                    self._expire(e[1], e[2])
+            for e in batch:
+                if e is not _STOP and e[0] is None:
+                    with self._flushes_lock:
+                        self._flushes -= 1
+                    e[2].set()
             # only once their appends returned: an append_now that finds nothing unsettled
             # must find these in the buffer already
-            settled = sum(1 for e in batch if e is not _STOP and e[0] is not None)
-            for e in batch:
-                if e is _STOP or e[0] is None or e[0] is _EXPIRE:
-                    self._append(pending)
-                    pending = []
-                    if e is _STOP:  # the last of the batch: everything before it is appended
-                        self._settle(settled)
-                        return
-                    if e[0] is None:
-                        with self._flushes_lock:
-                            self._flushes -= 1
-                        e[2].set()
-                    else:
-                        self._expire(e[1], e[2])
-                else:
-                    pending.append(e)
-            self._append(pending)
-            self._settle(settled)
+            self._settle(sum(1 for e in batch if e is not _STOP and e[0] is not None))
+            if batch[-1] is _STOP:  # the last of the batch: everything before it is appended
+                return
 
     def _append(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
         if not events:
