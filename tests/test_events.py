@@ -136,11 +136,21 @@ def test_append_now_lands_after_everything_queued_before_it_without_waiting_out_
         publisher.close()
 
 
-class _GatedAppends:
-    """A coordinator whose batched appends (the publisher thread's) wait for ``gate``."""
+class _Wrapped:
+    """The coordinator under test with some of its methods intercepted (the rest pass through)."""
 
     def __init__(self, inner: Any) -> None:
         self.inner = inner
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+class _GatedAppends(_Wrapped):
+    """A coordinator whose batched appends (the publisher thread's) wait for ``gate``."""
+
+    def __init__(self, inner: Any) -> None:
+        super().__init__(inner)
         self.gate = threading.Event()
         self.entered = threading.Event()
 
@@ -148,9 +158,6 @@ class _GatedAppends:
         self.entered.set()
         assert self.gate.wait(10)
         return self.inner.append_many(events)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def test_append_now_waits_for_a_batch_the_publisher_has_taken_but_not_yet_appended(coordinator: Any) -> None:
@@ -208,20 +215,18 @@ def test_events_emitted_while_the_publisher_closes_are_settled_so_append_now_sta
         publisher.close()
 
 
-class Refusing:
+class Refusing(_Wrapped):
     """The coordinator under test, refusing appends while ``down``: an outage as the publisher meets it
     (the events and epochs are the real coordinator's)."""
 
     def __init__(self, coord: Any) -> None:
-        self.coord, self.down = coord, False
+        super().__init__(coord)
+        self.down = False
 
     def append_many(self, events: Any) -> Any:
         if self.down:
             raise BackendUnavailable("coordinator unreachable (test)")
-        return self.coord.append_many(events)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.coord, name)
+        return self.inner.append_many(events)
 
 
 def test_a_stream_that_lost_events_comes_back_under_a_new_epoch(coordinator: Any) -> None:
@@ -259,11 +264,11 @@ def test_a_stream_that_lost_events_comes_back_under_a_new_epoch(coordinator: Any
         publisher.close()
 
 
-class _Calls:
+class _Calls(_Wrapped):
     """A coordinator that records which appends and expiries reach it, in order."""
 
     def __init__(self, inner: Any) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.calls: list[tuple[str, Any]] = []
 
     def append_many(self, events: Any) -> Any:
@@ -273,9 +278,6 @@ class _Calls:
     def expire(self, stream: str, ttl_s: float) -> None:
         self.calls.append(("expire", stream))
         self.inner.expire(stream, ttl_s)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
 
 
 def test_a_turns_end_and_the_next_turns_start_are_one_append_then_the_expiry(coordinator: Any) -> None:

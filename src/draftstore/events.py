@@ -217,20 +217,23 @@ class EventPublisher:
             # end, then the next turn's start) does not split the burst into two appends. An
             # expiry then lands after events queued behind it too, which only starts its
             # time-to-live a little later (an append keeps a stream's expiry).
-            events = [e for e in batch if e is not _STOP and isinstance(e[0], str)]
+            events: list[tuple[str, str, dict[str, Any]]] = []
+            expiries, flushes = [], []
+            for e in batch:
+                if e is _STOP:  # only ever the last of a batch
+                    continue
+                (events if isinstance(e[0], str) else expiries if e[0] is _EXPIRE else flushes).append(e)
             self._append(events)
-            for e in batch:
-                if e is not _STOP and e[0] is _EXPIRE:
-                    self._expire(e[1], e[2])
-            for e in batch:
-                if e is not _STOP and e[0] is None:
-                    with self._flushes_lock:
-                        self._flushes -= 1
-                    e[2].set()
+            for _, stream, ttl_s in expiries:
+                self._expire(stream, ttl_s)
+            for _, _, done in flushes:
+                with self._flushes_lock:
+                    self._flushes -= 1
+                done.set()
             # only once their appends returned: an append_now that finds nothing unsettled
             # must find these in the buffer already
-            self._settle(sum(1 for e in batch if e is not _STOP and e[0] is not None))
-            if batch[-1] is _STOP:  # the last of the batch: everything before it is appended
+            self._settle(len(events) + len(expiries))
+            if batch[-1] is _STOP:  # everything before it is appended
                 return
 
     def _append(self, events: list[tuple[str, str, dict[str, Any]]]) -> None:
