@@ -53,6 +53,7 @@ import http.client
 import json
 import math
 import os
+import re
 import secrets
 import signal
 import socket
@@ -138,6 +139,7 @@ class Samples:
     wall: float = 0.0
     client_cpu: float = 0.0  # the bench process (the agents' clients), during ``wall``
     server_cpu: float = 0.0  # the service (all its worker processes), during ``wall``
+    by_worker: str = ""  # under load: agents and tool-call latencies per service worker (``_per_worker``)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, op: str, seconds: float) -> None:
@@ -449,27 +451,29 @@ def load(service: Service, token: str, projects: list[str], rounds: int) -> Samp
     """``len(projects)`` agents at once, a thread and a client each, ``rounds`` rounds each."""
     out = Samples()
     agents = [(StdlibOps(service.url, token), _Round(pid, i)) for i, pid in enumerate(projects)]
+    mine = [Samples() for _ in agents]  # each agent's own, merged into ``out`` at the end
     warm = Samples()
     start = threading.Barrier(len(agents) + 1)
 
-    def agent(ops: HttpOps, r: _Round) -> None:
+    def agent(ops: HttpOps, r: _Round, got: Samples) -> None:
         try:
             r.run(ops, warm, pairs=2)  # untimed warm-up: connect, first requests on each worker
             start.wait()
             for _ in range(rounds):
-                r.run(ops, out)
+                r.run(ops, got)
         except threading.BrokenBarrierError:
             pass
         except Exception as exc:  # noqa: BLE001 - one agent's crash is counted, not hidden
             out.error(f"agent crashed: {type(exc).__name__}: {exc}")
 
-    threads = [threading.Thread(target=agent, args=a, daemon=True) for a in agents]
+    threads = [threading.Thread(target=agent, args=(ops, r, got), daemon=True) for (ops, r), got in zip(agents, mine)]
     for th in threads:
         th.start()
     try:
         start.wait(timeout=120)
     except threading.BrokenBarrierError:
         pass
+    workers = _worker_of_agent(service.port, [ops for ops, _ in agents])  # connections are kept alive from here
     assert service.proc is not None
     t0, client0, server0 = time.perf_counter(), time.process_time(), _cpu_seconds(service.proc.pid)
     for th in threads:
@@ -479,9 +483,50 @@ def load(service: Service, token: str, projects: list[str], rounds: int) -> Samp
     out.server_cpu = _cpu_seconds(service.proc.pid) - server0
     for ops, _ in agents:
         ops.close()
+    for got in mine:
+        for op, xs in got.times.items():
+            out.times[op] += xs
+        out.errors.update(got.errors)
+    out.by_worker = _per_worker(workers, mine)
     if warm.errors:
         out.errors.update({f"warm-up {k}": v for k, v in warm.errors.items()})
     return out
+
+
+def _worker_of_agent(port: int, clients: list[StdlibOps]) -> list[int | None]:
+    """The pid of the service worker holding each client's connection (None where unknown:
+    no connection, or no ``ss`` on this machine), from the sockets' ports as ``ss`` lists them."""
+    try:
+        listing = subprocess.run(["ss", "-tnpH", "state", "established", f"( sport = :{port} )"],
+                                 capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return [None] * len(clients)
+    pid_of: dict[int, int] = {}
+    for line in listing.splitlines():
+        found = re.search(r":%d\s+\S+:(\d+)\s.*pid=(\d+)" % port, line)
+        if found:
+            pid_of[int(found.group(1))] = int(found.group(2))
+    out: list[int | None] = []
+    for c in clients:
+        sock = c.conn.sock if c.conn is not None else None
+        out.append(pid_of.get(sock.getsockname()[1]) if sock is not None else None)
+    return out
+
+
+def _per_worker(workers: list[int | None], samples: list[Samples]) -> str:
+    """Agents per worker and their tool calls' p50/p99: an uneven spread of kept-alive
+    connections over the workers shows here as a worker with more agents and slower calls."""
+    groups: dict[int | None, list[Samples]] = defaultdict(list)
+    for w, got in zip(workers, samples):
+        groups[w].append(got)
+    if None in groups or len(groups) < 2:
+        return ""
+    parts = []
+    for mine in sorted(groups.values(), key=len, reverse=True):
+        calls = [x for got in mine for op in ("tool_started", "tool_completed") for x in got.times.get(op, [])]
+        if calls:
+            parts.append(f"{len(mine)} agents: p50 {p50(calls):.1f} / p99 {p99(calls):.1f} ms")
+    return "per worker, tool calls: " + "; ".join(parts)
 
 
 def profile(store: Any, service: Service, token: str, lib_project: str, http_project: str, pairs: int,
@@ -658,6 +703,8 @@ def load_rows(lib: Samples, run: Samples, workers: int, agents: int) -> list[Res
             n = max(1, run.requests())
             note += (f"; run: {run.requests()} requests in {run.wall:.1f}s ({rps:.0f}/s), CPU per request: "
                      f"service {1e3 * run.server_cpu / n:.2f} ms, agents' clients {1e3 * run.client_cpu / n:.2f} ms")
+            if run.by_worker:
+                note += "; " + run.by_worker
         out.append(Info(name, 0.0, p50(h), p50(b), ours_what=f"HTTP p50, {agents} agents, {workers} worker(s)",
                         baseline_what="library p50, sequential", notes=[note] + _notes(run)))
         out.append(Result(name + "_p99", P99_GOAL, p99(h), p50(h),
