@@ -453,7 +453,12 @@ def load(service: Service, token: str, projects: list[str], rounds: int) -> Samp
     agents = [(StdlibOps(service.url, token), _Round(pid, i)) for i, pid in enumerate(projects)]
     mine = [Samples() for _ in agents]  # each agent's own, merged into ``out`` at the end
     warm = Samples()
-    start = threading.Barrier(len(agents) + 1)
+    workers: list[int | None] = [None] * len(agents)
+
+    def map_workers() -> None:  # run by the barrier once every agent is connected, before any is released
+        workers[:] = _worker_of_agent(service.port, [ops for ops, _ in agents])
+
+    start = threading.Barrier(len(agents) + 1, action=map_workers)
 
     def agent(ops: HttpOps, r: _Round, got: Samples) -> None:
         try:
@@ -473,7 +478,6 @@ def load(service: Service, token: str, projects: list[str], rounds: int) -> Samp
         start.wait(timeout=120)
     except threading.BrokenBarrierError:
         pass
-    workers = _worker_of_agent(service.port, [ops for ops, _ in agents])  # connections are kept alive from here
     assert service.proc is not None
     t0, client0, server0 = time.perf_counter(), time.process_time(), _cpu_seconds(service.proc.pid)
     for th in threads:
@@ -502,8 +506,9 @@ def _worker_of_agent(port: int, clients: list[StdlibOps]) -> list[int | None]:
     except (OSError, subprocess.SubprocessError):
         return [None] * len(clients)
     pid_of: dict[int, int] = {}
+    peer_and_pid = re.compile(r":%d\s+\S+:(\d+)\s.*pid=(\d+)" % port)
     for line in listing.splitlines():
-        found = re.search(r":%d\s+\S+:(\d+)\s.*pid=(\d+)" % port, line)
+        found = peer_and_pid.search(line)
         if found:
             pid_of[int(found.group(1))] = int(found.group(2))
     out: list[int | None] = []
