@@ -29,6 +29,7 @@ from . import errors as E
 from .blobs import BlobStore, ObjectCache
 from .coord import Coordinator
 from .db.engine import create_db_engine, is_sqlite
+from .db.groupcommit import GroupCommit
 from .db.oneshot import OneShot
 from .deferred import awaited, retry_unlocked
 from .digest import EMPTY_TREE
@@ -77,6 +78,8 @@ class Backends:
                 self.autocommit.connect().close()
             except sa_exc.SQLAlchemyError:
                 pass  # unreachable now: the first statement says so, typed
+        # concurrent one-shot statements share a transaction and its commit (see GroupCommit)
+        self.group_commit = GroupCommit(self.autocommit)
         try:  # the coordinator's state begins (at the latest) when a store opens on it
             coord.since()
         except E.DraftstoreError:
@@ -140,9 +143,10 @@ class Backends:
         return OneShot(stmt, self.autocommit)
 
     def run(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
-        """Run a one-shot statement; returns (first row or None, rowcount)."""
+        """Run a one-shot statement, committed (grouped with concurrent ones: ``GroupCommit``);
+        returns (first row or None, rowcount)."""
         with self.activity.running(), self.db_errors():
-            return stmt.run(params)
+            return self.group_commit.run(stmt, params)
 
     def for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:
         """``SELECT ... FOR NO KEY UPDATE`` where rows can be locked (SQLite's BEGIN

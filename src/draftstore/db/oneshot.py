@@ -6,7 +6,7 @@ from typing import Any
 
 import sqlalchemy as sa
 
-__all__ = ["OneShot"]
+__all__ = ["OneShot", "wrap_driver_error"]
 
 
 class OneShot:
@@ -48,14 +48,23 @@ class OneShot:
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 conn.invalidate()  # a broken connection must not go back to the pool
-            wrapper: type[sa.exc.DBAPIError] = sa.exc.DBAPIError
-            for base, mapped in ((psycopg.IntegrityError, sa.exc.IntegrityError),
-                                 (psycopg.OperationalError, sa.exc.OperationalError),
-                                 (psycopg.InterfaceError, sa.exc.InterfaceError),
-                                 (psycopg.DataError, sa.exc.DataError)):
-                if isinstance(exc, base):
-                    wrapper = mapped
-                    break
-            raise wrapper(self.sql, params, exc) from exc
+            raise wrap_driver_error(exc, self.sql, params) from exc
         finally:
             conn.close()
+
+
+def wrap_driver_error(exc: Exception, sql: str, params: dict[str, Any]) -> sa.exc.DBAPIError:
+    """psycopg's error as SQLAlchemy's of the same family (``IntegrityError``, ...)."""
+    import psycopg
+
+    wrapper: type[sa.exc.DBAPIError] = sa.exc.DBAPIError
+    for base, mapped in ((psycopg.IntegrityError, sa.exc.IntegrityError),
+                         (psycopg.OperationalError, sa.exc.OperationalError),
+                         (psycopg.InterfaceError, sa.exc.InterfaceError),
+                         (psycopg.DataError, sa.exc.DataError)):
+        if isinstance(exc, base):
+            wrapper = mapped
+            break
+    err = wrapper(sql, params, exc)
+    err.__cause__ = exc
+    return err

@@ -1,0 +1,143 @@
+"""Group commit: one-shot statements of concurrent callers share one transaction and one commit.
+
+On PostgreSQL a commit waits for its WAL to reach the disk, and under load
+the commits queue for the WAL flush (measured with the four-worker HTTP load
+in ``bench/http_ops.py``: most active statements were waiting on the WAL
+write lock). When several threads of a process run one-shot statements at
+once (the agents' tool-call records), ``GroupCommit`` runs them as one
+transaction: the first caller to arrive while no group is running leads;
+callers arriving while it runs wait, and the next of them leads them all as
+the next group. The group is sent in one round trip (psycopg's pipeline
+mode): ``BEGIN``, each statement in arrival order, ``COMMIT``.
+
+Guarantees:
+
+- a caller alone (no group running) runs its statement at once, as
+  ``OneShot.run`` would: no added wait at low load;
+- every caller gets its own statement's outcome, the first row it returned
+  and its row count, only after the group's commit: what a caller is told is
+  durable is durable;
+- a statement of a group sees the statements before it in the group (one
+  transaction), so two records of one turn in a group take consecutive seqs;
+- if a statement breaks a constraint, or the database picks the group as a
+  deadlock victim, nothing of the group was committed: each statement is then
+  run again alone (``OneShot.run``), and each caller gets its own outcome,
+  error or not;
+- any other error (a broken connection, whose commit may or may not have
+  happened) reaches every caller of the group, as it would have reached a
+  caller running alone, and nothing is run again.
+
+Elsewhere than PostgreSQL (SQLite serialises its writers itself) each call is
+``OneShot.run``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import sqlalchemy as sa
+
+from .oneshot import OneShot, wrap_driver_error
+
+__all__ = ["GroupCommit"]
+
+MAX_GROUP = 64  # statements per transaction at most; later arrivals form the next group
+
+
+class _Call:
+    __slots__ = ("stmt", "params", "done", "outcome", "error")
+
+    def __init__(self, stmt: OneShot, params: dict[str, Any]) -> None:
+        self.stmt = stmt
+        self.params = params
+        self.done = False
+        self.outcome: tuple[Any | None, int] = (None, 0)
+        self.error: BaseException | None = None
+
+
+class GroupCommit:
+    """Runs ``OneShot`` statements of concurrent threads in shared transactions (see the module)."""
+
+    def __init__(self, engine: sa.Engine, max_group: int = MAX_GROUP) -> None:
+        self.engine = engine
+        self.grouped = engine.dialect.name == "postgresql"
+        self.max_group = max_group
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting: list[_Call] = []
+        self._leading = False  # a group is running
+        self.groups = 0  # groups of more than one statement run (for tests and diagnostics)
+
+    def run(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
+        """Execute ``stmt`` with ``params``, committed; returns (first row or None, rowcount)."""
+        if not self.grouped:
+            return stmt.run(params)
+        call = _Call(stmt, params)
+        cond = self._cond
+        with cond:
+            self._waiting.append(call)
+            while not call.done:
+                if self._leading:
+                    cond.wait()
+                    continue
+                self._leading = True
+                group = self._waiting[: self.max_group]
+                del self._waiting[: self.max_group]
+                cond.release()
+                try:
+                    self._execute(group)
+                finally:
+                    cond.acquire()
+                    self._leading = False
+                    for c in group:
+                        c.done = True
+                    cond.notify_all()
+        if call.error is not None:
+            raise call.error
+        return call.outcome
+
+    def _execute(self, group: list[_Call]) -> None:
+        """Run ``group`` and record each call's outcome or error; never raises."""
+        if len(group) == 1:
+            self._alone(group[0])
+            return
+        import psycopg
+        from psycopg import errors as pg_errors
+
+        self.groups += 1
+        conn = None
+        try:
+            conn = self.engine.raw_connection()
+            pg = conn.driver_connection
+            cursors = []
+            with pg.pipeline(), pg.transaction():
+                for c in group:
+                    cur = pg.cursor()
+                    cur.execute(c.stmt.sql, {**c.stmt.fixed, **c.params})
+                    cursors.append(cur)
+            for c, cur in zip(group, cursors):
+                c.outcome = (cur.fetchone() if cur.description else None, cur.rowcount)
+        except (psycopg.IntegrityError, pg_errors.DeadlockDetected):
+            # rolled back as a whole: each statement alone decides its own caller's outcome
+            conn.close()  # type: ignore[union-attr]  # the error came from a statement, so conn is set
+            conn = None
+            for c in group:
+                self._alone(c)
+        except psycopg.Error as exc:
+            if isinstance(exc, psycopg.OperationalError) and conn is not None:
+                conn.invalidate()  # a broken connection must not go back to the pool
+            for c in group:
+                c.error = wrap_driver_error(exc, c.stmt.sql, c.params)
+        except BaseException as exc:  # noqa: BLE001 - every caller gets it, as a caller alone would
+            for c in group:
+                c.error = exc
+        finally:
+            if conn is not None:
+                conn.close()
+
+    @staticmethod
+    def _alone(c: _Call) -> None:
+        try:
+            c.outcome = c.stmt.run(c.params)
+        except BaseException as exc:  # noqa: BLE001 - the caller's own outcome
+            c.error = exc
