@@ -236,6 +236,23 @@ def test_a_caller_alone_runs_at_once_in_no_group(store):
     assert [(c.seq, c.result) for c in store.get_turn(t).tool_calls] == [(i + 1, i) for i in range(5)]
 
 
+def test_with_group_commit_off_queued_calls_run_each_alone(store_factory):
+    from draftstore import Settings
+
+    store = store_factory(settings=Settings(group_commit=False))
+    turns = _projects_with_turns(store, 3)
+    gc = _group(store)
+    assert not gc.grouped
+    barrier = threading.Barrier(3)
+    calls = Calls()
+    for t in turns:
+        calls.start(lambda t=t: (barrier.wait(), store.tool_started(t, "view_file", {}))[1])
+    assert [o.seq for o in calls.join()] == [1, 1, 1]
+    assert gc.groups == 0
+    xmins = _xmins(store, turns)
+    assert len(set(xmins.values())) == 3, xmins  # a transaction each
+
+
 def test_many_threads_recording_at_once_lose_and_duplicate_nothing(store):
     turns = _projects_with_turns(store, 4)
     barrier = threading.Barrier(12)

@@ -79,7 +79,7 @@ class Backends:
             except sa_exc.SQLAlchemyError:
                 pass  # unreachable now: the first statement says so, typed
         # concurrent one-shot statements share a transaction and its commit (see GroupCommit)
-        self.group_commit = GroupCommit(self.autocommit)
+        self.group_commit = GroupCommit(self.autocommit, enabled=settings.group_commit)
         try:  # the coordinator's state begins (at the latest) when a store opens on it
             coord.since()
         except E.DraftstoreError:

@@ -112,6 +112,11 @@ class Settings(BaseSettings):
         16, ge=1, le=256,
         description="threads per service process for the agent's turn calls (tool-call records go first)"
     )
+    group_commit: bool = Field(
+        True,
+        description="on PostgreSQL, tool-call records that arrive while others are committing share one "
+                    "transaction and one commit (a record alone runs at once)"
+    )
     limits: Limits = Field(default_factory=Limits)
 
     @field_validator("retain_turns_days", "retain_discarded_days", mode="before")

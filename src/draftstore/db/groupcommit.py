@@ -27,8 +27,14 @@ Guarantees:
   happened) reaches every caller of the group, as it would have reached a
   caller running alone, and nothing is run again.
 
-Elsewhere than PostgreSQL (SQLite serialises its writers itself) each call is
-``OneShot.run``.
+Elsewhere than PostgreSQL (SQLite serialises its writers itself), and with the
+``group_commit`` setting off, each call is ``OneShot.run``.
+
+The trade, measured with fifty agents over HTTP (``bench/http_ops.py``): the
+slow calls of a turn (starts, ends, file writes) wait much less, because the
+database does fewer commits; the tool-call records themselves wait a little
+longer, since a record that arrives while a group runs waits for that group's
+round trip before its own. The README's benchmark section has the figures.
 """
 
 from __future__ import annotations
@@ -59,9 +65,9 @@ class _Call:
 class GroupCommit:
     """Runs ``OneShot`` statements of concurrent threads in shared transactions (see the module)."""
 
-    def __init__(self, engine: sa.Engine, max_group: int = MAX_GROUP) -> None:
+    def __init__(self, engine: sa.Engine, *, enabled: bool = True, max_group: int = MAX_GROUP) -> None:
         self.engine = engine
-        self.grouped = engine.dialect.name == "postgresql"
+        self.grouped = enabled and engine.dialect.name == "postgresql"
         self.max_group = max_group
         self._cond = threading.Condition(threading.Lock())
         self._waiting: list[_Call] = []
