@@ -184,13 +184,40 @@ def test_a_broken_constraint_rolls_the_group_back_and_each_call_then_runs_alone(
     _queued(store, 3)
     started, broken, completed = calls.join()[1:]
 
-    assert gc.groups == groups + 1
+    assert gc.groups == groups + 1 and gc.reruns == 1
     assert isinstance(broken, sa.exc.IntegrityError), broken
     assert started.seq == 1 and completed is None
     assert [(c.seq, c.status) for c in store.get_turn(t2).tool_calls] == [(1, "started")]  # landed once
     assert [(c.seq, c.tool_name, c.status) for c in store.get_turn(t1).tool_calls] == [(1, "view_file", "completed")]
     # the pool's connections are usable after the rollback
     assert [store.tool_started(t2, "view_file", {}).seq for _ in range(3)] == [2, 3, 4]
+
+
+def test_two_processes_groups_on_the_same_turns_lock_them_in_one_order(store, store_factory):
+    other = store_factory()  # another process's store: its own engine and group committer
+    a, b = _projects_with_turns(store, 2)
+    first, second = Calls(), Calls()
+    _hold_leader(store, first, 0.3)
+    _hold_leader(other, second, 0.3)
+    # the same two turns, queued in opposite orders: taken in arrival order, each group
+    # would lock one turn's next seq and wait for the other's
+    first.start(lambda: store.tool_started(a, "view_file", {}))
+    second.start(lambda: other.tool_started(b, "view_file", {}))
+    _queued(store, 1)
+    _queued(other, 1)
+    first.start(lambda: store.tool_started(b, "view_file", {}))
+    second.start(lambda: other.tool_started(a, "view_file", {}))
+    _queued(store, 2)
+    _queued(other, 2)
+    outcomes = first.join()[1:] + second.join()[1:]
+
+    assert all(not isinstance(o, BaseException) for o in outcomes), outcomes
+    # the second group to reach a turn took a seq the first had taken: that group was rolled
+    # back and its records rerun alone; but no deadlock had to be broken
+    assert _group(store).deadlocks == 0 and _group(other).deadlocks == 0
+    for t in (a, b):
+        assert sorted(o.seq for o in outcomes if o.turn_id == t) == [1, 2]
+        assert [c.seq for c in store.get_turn(t).tool_calls] == [1, 2]
 
 
 def test_a_connection_killed_under_a_group_fails_all_of_it_and_nothing_of_it_lands(store):

@@ -142,11 +142,11 @@ class Backends:
         """A prebuilt single statement for a hot path (see ``OneShot``)."""
         return OneShot(stmt, self.autocommit)
 
-    def run(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
-        """Run a one-shot statement, committed (grouped with concurrent ones: ``GroupCommit``);
-        returns (first row or None, rowcount)."""
+    def run(self, stmt: OneShot, params: dict[str, Any], key: tuple[Any, ...] = ()) -> tuple[Any | None, int]:
+        """Run a one-shot statement, committed (grouped with concurrent ones: ``GroupCommit``,
+        which orders a group by ``key``); returns (first row or None, rowcount)."""
         with self.activity.running(), self.db_errors():
-            return self.group_commit.run(stmt, params)
+            return self.group_commit.run(stmt, params, key)
 
     def for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:
         """``SELECT ... FOR NO KEY UPDATE`` where rows can be locked (SQLite's BEGIN

@@ -139,7 +139,7 @@ class ToolCalls:
                   "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now}
         for attempt in range(20):
             try:
-                row, _ = self.b.run(self._started, params)
+                row, _ = self.b.run(self._started, params, (turn_id, 0))
                 break
             except sa_exc.IntegrityError:
                 # two recorders raced for the same seq: take the next one
@@ -190,7 +190,8 @@ class ToolCalls:
         self._finish(turn_id, seq, ToolCallStatus.FAILED, self._failed, {"p_error_json": error_json})
 
     def _finish(self, turn_id: str, seq: int, status: ToolCallStatus, stmt: Any, values: dict[str, Any]) -> None:
-        _, updated = self.b.run(stmt, {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **values})
+        _, updated = self.b.run(stmt, {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **values},
+                                (turn_id, seq))
         if updated != 1:
             raise self._why_not(turn_id, seq)
         self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq})

@@ -8,7 +8,10 @@ once (the agents' tool-call records), ``GroupCommit`` runs them as one
 transaction: the first caller to arrive while no group is running leads;
 callers arriving while it runs wait, and the next of them leads them all as
 the next group. The group is sent in one round trip (psycopg's pipeline
-mode): ``BEGIN``, each statement in arrival order, ``COMMIT``.
+mode): ``BEGIN``, the statements in the order of their callers' lock keys
+(arrival order among equal keys), ``COMMIT``. Every group takes its row locks
+in that one order, so two processes' groups touching the same rows wait for
+each other rather than deadlock.
 
 Guarantees:
 
@@ -18,7 +21,8 @@ Guarantees:
   and its row count, only after the group's commit: what a caller is told is
   durable is durable;
 - a statement of a group sees the statements before it in the group (one
-  transaction), so two records of one turn in a group take consecutive seqs;
+  transaction), so two records of one turn in a group take consecutive seqs,
+  in the order they arrived;
 - if a statement breaks a constraint, or the database picks the group as a
   deadlock victim, nothing of the group was committed: each statement is then
   run again alone (``OneShot.run``), and each caller gets its own outcome,
@@ -52,11 +56,12 @@ MAX_GROUP = 64  # statements per transaction at most; later arrivals form the ne
 
 
 class _Call:
-    __slots__ = ("stmt", "params", "done", "outcome", "error")
+    __slots__ = ("stmt", "params", "key", "done", "outcome", "error")
 
-    def __init__(self, stmt: OneShot, params: dict[str, Any]) -> None:
+    def __init__(self, stmt: OneShot, params: dict[str, Any], key: tuple[Any, ...]) -> None:
         self.stmt = stmt
         self.params = params
+        self.key = key
         self.done = False
         self.outcome: tuple[Any | None, int] = (None, 0)
         self.error: BaseException | None = None
@@ -72,13 +77,21 @@ class GroupCommit:
         self._cond = threading.Condition(threading.Lock())
         self._waiting: list[_Call] = []
         self._leading = False  # a group is running
-        self.groups = 0  # groups of more than one statement run (for tests and diagnostics)
+        # for tests and diagnostics: groups of more than one statement run; those rolled back
+        # by a broken constraint or a deadlock, then run statement by statement; the deadlocks
+        self.groups = 0
+        self.reruns = 0
+        self.deadlocks = 0
 
-    def run(self, stmt: OneShot, params: dict[str, Any]) -> tuple[Any | None, int]:
-        """Execute ``stmt`` with ``params``, committed; returns (first row or None, rowcount)."""
+    def run(self, stmt: OneShot, params: dict[str, Any], key: tuple[Any, ...] = ()) -> tuple[Any | None, int]:
+        """Execute ``stmt`` with ``params``, committed; returns (first row or None, rowcount).
+
+        ``key`` orders the statements of a group: give the key of the rows the
+        statement locks first (a turn's id, then a call's seq), all of one type.
+        """
         if not self.grouped:
             return stmt.run(params)
-        call = _Call(stmt, params)
+        call = _Call(stmt, params, key)
         cond = self._cond
         with cond:
             self._waiting.append(call)
@@ -111,6 +124,7 @@ class GroupCommit:
         from psycopg import errors as pg_errors
 
         self.groups += 1
+        group = sorted(group, key=lambda c: c.key)  # stable: arrival order among equal keys
         conn = None
         try:
             conn = self.engine.raw_connection()
@@ -123,8 +137,10 @@ class GroupCommit:
                     cursors.append(cur)
             for c, cur in zip(group, cursors):
                 c.outcome = (cur.fetchone() if cur.description else None, cur.rowcount)
-        except (psycopg.IntegrityError, pg_errors.DeadlockDetected):
+        except (psycopg.IntegrityError, pg_errors.DeadlockDetected) as exc:
             # rolled back as a whole: each statement alone decides its own caller's outcome
+            self.reruns += 1
+            self.deadlocks += isinstance(exc, pg_errors.DeadlockDetected)
             conn.close()  # type: ignore[union-attr]  # the error came from a statement, so conn is set
             conn = None
             for c in group:
