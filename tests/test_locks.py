@@ -69,12 +69,20 @@ SLOW_S = 0.5  # how long each slowed upload takes; the transactions give up afte
 def _slowed(monkeypatch: Any, obj: Any, name: str, stack: dict[str, str], project_id: str,
             seen: list[bool], fail: bool = False) -> None:
     """``obj.name`` takes SLOW_S, and looks (from another connection) whether the rows are
-    locked while it runs, after the waiting transaction has had ample time to give up."""
+    locked while it runs, after the waiting transaction has had ample time to give up:
+    locked means held at each of three looks 50 ms apart, as a transaction waiting for
+    the upload would hold them (on SQLite, where any write transaction of the database
+    counts, a short one of other work at the instant of one look is not a held lock)."""
     real = getattr(obj, name)
 
     def slow(*args: Any, **kwargs: Any) -> Any:
-        time.sleep(SLOW_S * 0.8)
-        seen.append(_rows_locked(stack, project_id))
+        time.sleep(SLOW_S * 0.6)
+        looks = []
+        for i in range(3):
+            if i:
+                time.sleep(0.05)
+            looks.append(_rows_locked(stack, project_id))
+        seen.append(all(looks))
         time.sleep(SLOW_S * 0.2)
         if fail:
             raise BackendUnavailable("the blob store gave up")
