@@ -137,10 +137,10 @@ class GroupCommit:
             with pg.pipeline(), pg.transaction():
                 for c in group:
                     cur = pg.cursor()
-                    cur.execute(c.stmt.sql, {**c.stmt.fixed, **c.params})
+                    c.stmt.send(cur, c.params)
                     cursors.append(cur)
             for c, cur in zip(group, cursors):
-                c.outcome = (cur.fetchone() if cur.description else None, cur.rowcount)
+                c.outcome = OneShot.outcome(cur)
         except (psycopg.IntegrityError, pg_errors.DeadlockDetected) as exc:
             # rolled back as a whole: each statement alone decides its own caller's outcome
             self.reruns += 1

@@ -30,6 +30,15 @@ class OneShot:
             # literals baked into the statement ('started', 0, 1, ...) are bind values too
             self.fixed = {name: bp.value for bp, name in compiled.bind_names.items() if bp.value is not None}
 
+    def send(self, cur: Any, params: dict[str, Any]) -> None:
+        """PostgreSQL: execute on a psycopg cursor (in a pipeline, only queued)."""
+        cur.execute(self.sql, {**self.fixed, **params})
+
+    @staticmethod
+    def outcome(cur: Any) -> tuple[Any | None, int]:
+        """(first row or None, rowcount) of the statement ``send`` executed on ``cur``."""
+        return cur.fetchone() if cur.description else None, cur.rowcount
+
     def run(self, params: dict[str, Any]) -> tuple[Any | None, int]:
         """Execute; returns (first row or None, rowcount)."""
         if not self.raw:
@@ -42,9 +51,8 @@ class OneShot:
         conn = self.engine.raw_connection()
         try:
             with conn.cursor() as cur:
-                cur.execute(self.sql, {**self.fixed, **params})
-                row = cur.fetchone() if cur.description else None
-                return row, cur.rowcount
+                self.send(cur, params)
+                return self.outcome(cur)
         except psycopg.Error as exc:
             if isinstance(exc, psycopg.OperationalError):
                 conn.invalidate()  # a broken connection must not go back to the pool
