@@ -283,28 +283,22 @@ def test_with_group_commit_off_queued_calls_run_each_alone(store_factory):
 def test_many_threads_recording_at_once_lose_and_duplicate_nothing(store):
     turns = _projects_with_turns(store, 4)
     barrier = threading.Barrier(12)
-    errors: list[BaseException] = []
     seqs: dict[str, list[int]] = {t: [] for t in turns}
     lock = threading.Lock()
 
     def agent(w: int) -> None:
         t = turns[w % len(turns)]  # three threads per turn
-        try:
-            barrier.wait()
-            for i in range(15):
-                call = store.tool_started(t, f"tool{w}", {"i": i})
-                store.tool_completed(t, call.seq, {"w": w, "i": i})
-                with lock:
-                    seqs[t].append(call.seq)
-        except BaseException as exc:  # noqa: BLE001 - reported below
-            errors.append(exc)
+        barrier.wait()
+        for i in range(15):
+            call = store.tool_started(t, f"tool{w}", {"i": i})
+            store.tool_completed(t, call.seq, {"w": w, "i": i})
+            with lock:
+                seqs[t].append(call.seq)
 
-    threads = [threading.Thread(target=agent, args=(w,)) for w in range(12)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    assert errors == []
+    calls = Calls()
+    for w in range(12):
+        calls.start(lambda w=w: agent(w))
+    assert calls.join() == [None] * 12  # no agent raised
     for t in turns:
         assert sorted(seqs[t]) == list(range(1, 46))
         calls = store.get_turn(t).tool_calls
