@@ -17,9 +17,14 @@ from typing import Any
 
 from starlette.testclient import TestClient
 
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
 from draftstore import Store
 from draftstore.service import fastlane
 from draftstore.service.app import create_app
+from draftstore.service.auth import AGENT, Allow, Principal
+from draftstore.service.threads import TURN
 
 JSON = {"content-type": "application/json"}
 
@@ -145,3 +150,27 @@ def test_the_fast_lane_answers_what_fastapi_answers(store: Store) -> None:
     # the fast lane served the valid requests of each hot route itself
     for _, path, _ in fastlane.HOT:
         assert served[path] > 0, (path, served)
+
+
+def _sync_endpoint(turn_id: str, principal: Principal = Allow(*AGENT)) -> None: ...
+
+
+async def _async_endpoint(turn_id: str, principal: Principal = Allow(*AGENT)) -> None: ...
+
+
+def test_a_hot_route_names_a_lane_exactly_when_its_endpoint_is_sync(store: Store) -> None:
+    """A lane given to an async endpoint would be ignored (it awaits a pool of its own),
+    and a sync endpoint without one would have no pool: both are refused when the
+    lane is built, and the app's own table passes the check."""
+    app = FastAPI()
+    sync_route = APIRoute("/v1/turns/{turn_id}/x", _sync_endpoint, methods=["POST"])
+    async_route = APIRoute("/v1/turns/{turn_id}/y", _async_endpoint, methods=["POST"])
+    fastlane.FastLane(app, [("POST", sync_route, TURN), ("POST", async_route, None)])
+    for route, lane in ((sync_route, None), (async_route, TURN)):
+        try:
+            fastlane.FastLane(app, [("POST", route, lane)])
+        except TypeError as exc:
+            assert route.path in str(exc)
+        else:
+            raise AssertionError(f"{route.path} with lane {lane} was accepted")
+    assert isinstance(create_app(store).fast_lane, fastlane.FastLane)  # HOT itself passes

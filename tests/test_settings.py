@@ -25,6 +25,8 @@ from draftstore.settings import Settings
     ("DRAFTSTORE_SSE_KEEPALIVE_S", "abc"),
     ("DRAFTSTORE_TURN_THREADS", "0"),  # no thread would ever serve a turn call
     ("DRAFTSTORE_TURN_THREADS", "257"),
+    ("DRAFTSTORE_UPLOAD_THREADS", "0"),  # a write would wait for ever for its upload to start
+    ("DRAFTSTORE_UPLOAD_THREADS", "257"),
     ("DRAFTSTORE_CACHE_BYTES", "-1"),
     ("DRAFTSTORE_MAX_FILE_BYTES", "0"),
     ("DRAFTSTORE_MAX_PATH_DEPTH", "-3"),
@@ -41,11 +43,37 @@ def test_at_the_edges_of_their_ranges_values_are_accepted(monkeypatch: pytest.Mo
     for name, value in (("DRAFTSTORE_GC_GRACE_S", "0"), ("DRAFTSTORE_BACKGROUND_INTERVAL_S", "0"),
                         ("DRAFTSTORE_SSE_KEEPALIVE_S", "3600"), ("DRAFTSTORE_CACHE_BYTES", "0"),
                         ("DRAFTSTORE_INLINE_PAYLOAD_BYTES", "0"), ("DRAFTSTORE_RETAIN_TURNS_DAYS", "0"),
-                        ("DRAFTSTORE_TURN_THREADS", "1")):
+                        ("DRAFTSTORE_TURN_THREADS", "1"), ("DRAFTSTORE_UPLOAD_THREADS", "1")):
         monkeypatch.setenv(name, value)
     s = Settings.load()
     assert (s.gc_grace_s, s.background_interval_s, s.sse_keepalive_s, s.cache_bytes) == (0, 0, 3600, 0)
-    assert (s.limits.inline_payload_bytes, s.retain_turns_days, s.turn_threads) == (0, 0, 1)
+    assert (s.limits.inline_payload_bytes, s.retain_turns_days, s.turn_threads, s.upload_threads) == (0, 0, 1, 1)
+
+
+def test_a_store_runs_at_most_upload_threads_uploads_at_once(tmp_path: Path) -> None:
+    """The setting is the upload pool's size: with 2, a third upload starts only once one ended."""
+    import threading
+    import time
+
+    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}", f"file://{tmp_path / 'blobs'}",
+                       settings=Settings(home=tmp_path, upload_threads=2))
+    try:
+        running, peak, lock = 0, 0, threading.Lock()
+
+        def upload() -> None:
+            nonlocal running, peak
+            with lock:
+                running += 1
+                peak = max(peak, running)
+            time.sleep(0.05)
+            with lock:
+                running -= 1
+
+        for f in [store._b.upload(upload) for _ in range(6)]:
+            f.result()
+        assert peak == 2
+    finally:
+        store.close()
 
 
 def test_none_spells_for_ever_for_the_retention_settings(monkeypatch: pytest.MonkeyPatch) -> None:

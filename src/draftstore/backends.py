@@ -86,7 +86,9 @@ class Backends:
             pass  # unavailable now: the first operation says so, typed
         self.activity = Activity()  # operations running now: the event publisher appends between them
         self.events = EventPublisher(coord, activity=self.activity)
-        self._uploads = ThreadPoolExecutor(max_workers=4, thread_name_prefix="draftstore-upload")
+        # one thread per call that may wait on an upload: a write's does not queue behind a turn end's
+        self._uploads = ThreadPoolExecutor(max_workers=settings.upload_threads,
+                                           thread_name_prefix="draftstore-upload")
         self._reads = ThreadPoolExecutor(max_workers=_READERS, thread_name_prefix="draftstore-read")
 
     def close(self) -> None:

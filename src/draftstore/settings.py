@@ -112,6 +112,12 @@ class Settings(BaseSettings):
         16, ge=1, le=256,
         description="threads per service process for the agent's turn calls (tool-call records go first)"
     )
+    upload_threads: int = Field(
+        16, ge=1, le=256,
+        description="threads per store for the uploads a write, a turn's end or a publish runs beside its "
+                    "transaction (one per call that may wait on one, so a write's upload does not queue "
+                    "behind other calls' uploads)"
+    )
     group_commit: bool = Field(
         True,
         description="on PostgreSQL, tool-call records that arrive while others are committing share one "

@@ -17,7 +17,9 @@ and does the same work directly:
   endpoint's signature names), the request, the store and the principal its
   ``Allow(...)`` default names (same roles, same check);
 - a sync endpoint runs on the service's turn pool (``threads.py``), short records
-  ahead of the slower calls queued there (the lane ``HOT`` names);
+  ahead of the slower calls queued there (the lane ``HOT`` names); an async
+  endpoint (the file write, which streams its body) is awaited on the loop and
+  hands its store call to a pool itself, so ``HOT`` names no lane for it;
 - an error the endpoint or the check raise gets the app's handler for it,
   as the stack's exception layers would give it.
 
@@ -53,12 +55,13 @@ from .threads import TURN, TURN_QUICK, Lane, run_in, run_sync
 __all__ = ["HOT", "FastLane", "build"]
 
 # (method, path, lane) of the routes an agent's turn sends most: each must exist in the app.
-# They run on the turn pool (threads.py); the short records go ahead of queued slower calls.
-HOT: tuple[tuple[str, str, Lane], ...] = (
+# A sync endpoint runs on the turn pool (threads.py), the short records ahead of queued
+# slower calls; an async endpoint (lane None) awaits a pool of its own choosing.
+HOT: tuple[tuple[str, str, Lane | None], ...] = (
     ("POST", "/v1/turns/{turn_id}/tool-calls", TURN_QUICK),
     ("POST", "/v1/turns/{turn_id}/tool-calls/{seq}/complete", TURN_QUICK),
     ("POST", "/v1/turns/{turn_id}/tool-calls/{seq}/fail", TURN_QUICK),
-    ("PUT", "/v1/turns/{turn_id}/files/{path:path}", TURN),
+    ("PUT", "/v1/turns/{turn_id}/files/{path:path}", None),  # streams its body, then writes on GENERAL
     ("POST", "/v1/turns/{turn_id}/heartbeat", TURN_QUICK),
     ("POST", "/v1/turns/{turn_id}/deltas", TURN_QUICK),
     ("POST", "/v1/turns/{turn_id}/complete", TURN),
@@ -90,13 +93,16 @@ def _json_media_type(value: str) -> bool:
 class _FastEndpoint:
     """One hot route's work as a plain ASGI app (see the module docstring)."""
 
-    def __init__(self, api_route: APIRoute, front: "FastLane", lane: Lane) -> None:
+    def __init__(self, api_route: APIRoute, front: "FastLane", lane: Lane | None) -> None:
         self.api_route = api_route
         self.front = front  # the fast lane in front of the app: hands over what it does not serve
-        self.lane = lane  # the thread pool (and its queue) the endpoint runs on
         fn = api_route.endpoint
         self.fn = fn
         self.is_async = inspect.iscoroutinefunction(fn)
+        if self.is_async != (lane is None):  # a lane given to an async endpoint would be ignored
+            raise TypeError(f"fast lane: {api_route.path} is {'async' if self.is_async else 'sync'}: "
+                            f"{'it picks its own pool, name no lane' if self.is_async else 'name its lane'}")
+        self.lane = lane or TURN  # the thread pool (and its queue) a sync endpoint runs on
         params = inspect.signature(fn).parameters
         hints = typing.get_type_hints(fn)
         self.params = tuple(params)
@@ -167,7 +173,7 @@ class FastLane:
     ``ServerErrorMiddleware`` would give it), unless the answer has already begun.
     """
 
-    def __init__(self, app: FastAPI, routes: Iterable[tuple[str, APIRoute, Lane]]) -> None:
+    def __init__(self, app: FastAPI, routes: Iterable[tuple[str, APIRoute, Lane | None]]) -> None:
         self.app = app
         self.inner: Any = None  # the app's own middleware stack, set when the app builds it
         self.routes = []

@@ -14,14 +14,16 @@ measurable share of the service's CPU per request (see bench/README.md, History 
 Two pools, so one kind of work cannot hold up the other (bulkheads):
 
 - ``GENERAL`` (``run_sync``; at most ``MAX_THREADS`` threads): every route
-  off the fast lane, reads and admin work, snapshots and imports included.
+  off the fast lane, reads and admin work, snapshots and imports included,
+  and the agent's file writes (measured: on the turn pool they made the
+  tool-call records' tail under load longer, and their own no shorter).
 - the turn pool (``TURN`` and ``TURN_QUICK``; ``TURN_THREADS`` threads at
-  most, or the ``turn_threads`` setting): the agent's hot routes (``fastlane.HOT``). The store's calls are
+  most, or the ``turn_threads`` setting): the agent's other hot routes (``fastlane.HOT``). The store's calls are
   mostly Python holding the GIL, so more threads add no throughput, only
   contention: under load the calls wait in the pool's queues, where the
   order is ours. A ``TURN_QUICK`` call (a tool-call record, a heartbeat, a
   delta: well under a millisecond of work) goes ahead of queued ``TURN``
-  calls (starting or ending a turn, a file write: 3-10 ms), so a burst of
+  calls (starting or ending a turn: 3-10 ms), so a burst of
   the slow ones (fifty agents starting their turns at once) does not hold
   up every short request behind it. No call waits for ever: while a
   ``TURN`` call waits, at most ``QUICK_RUN`` quick calls in a row go ahead

@@ -77,6 +77,7 @@ async def write_file(turn_id: str, path: str, request: Request, principal: Princ
         data += chunk
         if len(data) > limit:
             raise E.PayloadTooLarge(f"{path!r} is larger than {limit} bytes", path=path[:200], limit=limit)
+    # the general pool, not the turn pool: there, under load, writes lengthened the tool-call records' tail
     await run_sync(_write, request, principal, store, turn_id, path, bytes(data))
     return Response(status_code=204)
 
