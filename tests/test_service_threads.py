@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from concurrency import Peak
 from draftstore.service import threads
 
 who: contextvars.ContextVar[str] = contextvars.ContextVar("who", default="nobody")
@@ -36,22 +37,13 @@ def test_a_call_runs_off_the_loop_in_the_callers_context_and_returns_or_raises()
 
 def _peak(lanes: list[threads.Lane]) -> int:
     """The most calls that ran at once when one call per lane was submitted together."""
-    running, peak, lock = 0, 0, threading.Lock()
-
-    def call() -> None:
-        nonlocal running, peak
-        with lock:
-            running += 1
-            peak = max(peak, running)
-        time.sleep(0.3)  # long enough for every thread of the pool to have started meanwhile
-        with lock:
-            running -= 1
+    peak = Peak(0.3)  # long enough for every thread of the pool to have started meanwhile
 
     async def main() -> None:
-        await asyncio.gather(*(threads.run_in(lane, call) for lane in lanes))
+        await asyncio.gather(*(threads.run_in(lane, peak.call) for lane in lanes))
 
     asyncio.run(main())
-    return peak
+    return peak.most
 
 
 def test_at_most_max_threads_calls_run_at_once_and_the_rest_wait_their_turn() -> None:

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from concurrency import Peak
 from draftstore import Store
 from draftstore.errors import ConfigInvalid
 from draftstore.settings import Settings
@@ -52,26 +53,13 @@ def test_at_the_edges_of_their_ranges_values_are_accepted(monkeypatch: pytest.Mo
 
 def test_a_store_runs_at_most_upload_threads_uploads_at_once(tmp_path: Path) -> None:
     """The setting is the upload pool's size: with 2, a third upload starts only once one ended."""
-    import threading
-    import time
-
     store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}", f"file://{tmp_path / 'blobs'}",
                        settings=Settings(home=tmp_path, upload_threads=2))
     try:
-        running, peak, lock = 0, 0, threading.Lock()
-
-        def upload() -> None:
-            nonlocal running, peak
-            with lock:
-                running += 1
-                peak = max(peak, running)
-            time.sleep(0.05)
-            with lock:
-                running -= 1
-
-        for f in [store._b.upload(upload) for _ in range(6)]:
+        peak = Peak(0.05)
+        for f in [store._b.upload(peak.call) for _ in range(6)]:
             f.result()
-        assert peak == 2
+        assert peak.most == 2
     finally:
         store.close()
 
