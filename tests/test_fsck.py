@@ -123,8 +123,9 @@ def test_a_whole_store_is_clean_and_quick_mode_checks_references_only(store_fact
     # 2 versions, the draft, 2 turns' boundaries (the running one has a start only)
     assert full.trees_checked == 2 + 1 + 3
     # payloads (3), states (turn 1 start and end, turn 2 start), the overlay blob, the bundle,
-    # the pack rows, and each distinct file of the trees (24 imported + 1)
-    assert full.references_checked == 3 + 3 + 1 + 1 + len(packs) + 25
+    # the pack rows, the line table each pack's search index names, and each distinct file
+    # of the trees (24 imported + 1)
+    assert full.references_checked == 3 + 3 + 1 + 1 + len(packs) + len(packs) + 25
     quick = cold.fsck(verify_objects=False)
     assert quick.ok and quick.objects_verified == 0 and quick.packs_verified == 0
     assert (quick.trees_checked, quick.references_checked) == (full.trees_checked, full.references_checked)

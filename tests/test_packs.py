@@ -568,11 +568,14 @@ def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tre
     res = cold.view(p.id).search_code(needle.decode(), max_results=10_000)
     assert [(m.path, m.line_number) for m in res] == _grep(files, needle)
     assert not cold._b.objects.packs.has_pack(spine.digest)  # the spine was never fetched
+    assert spine.search_index  # (that search read the tree summary: the packs' indexes are checked below)
 
     # a row the cover names is gone (or the cover is from before covers were recorded):
-    # the search walks the spine instead, and finds the same
+    # the search walks the spine instead, and finds the same (through the packs' indexes:
+    # the spine row names no tree summary, as before summaries were written)
     with store.engine.begin() as conn:
-        conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=None))
+        conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=None,
+                                                                                          search_index=None))
     walked = store_factory()
     assert [(m.path, m.line_number) for m in walked.view(p.id).search_code(needle.decode(), max_results=10_000)
             ] == _grep(files, needle)

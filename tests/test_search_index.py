@@ -35,11 +35,13 @@ import zstandard
 
 from draftstore import packing as packing_module
 from draftstore import packs as packs_module
+from draftstore import lineindex as lineindex_module
 from draftstore import searchindex as searchindex_module
+from draftstore import view as view_module
 from draftstore.db.tables import PK
 from draftstore.digest import Digest, digest_of
 from draftstore.search import Searcher
-from draftstore.searchindex import IndexDirectory, SearchIndex, build_index, required_trigrams
+from draftstore.searchindex import IndexDirectory, IndexObjects, SearchIndex, build_index, required_trigrams
 
 KELVIN = "\u212a"  # KELVIN SIGN: RE2 folds it with k and K
 LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
@@ -204,8 +206,9 @@ def encode_pack_v1(objects: Any) -> tuple[bytes, list[tuple[str, int, int]]]:
 
 # how indexes are written: the production format 2; format 2 with tiny limits (no
 # inline posting list, a shard per trigram or two, a frame per object, a ranged read
-# per frame, one shard per query: every code path of a sharded index); format 1
-SHAPES = ["v2", "v2-tiny", "v1"]
+# per frame, one shard per query: every code path of a sharded index); line tables and
+# tree summaries that leave out most lines and trigrams; format 1 (no line tables)
+SHAPES = ["v2", "v2-tiny", "lines-tiny", "v1"]
 
 
 def index_shape(shape: str) -> ExitStack:
@@ -216,10 +219,13 @@ def index_shape(shape: str) -> ExitStack:
             stack.enter_context(mock.patch.object(searchindex_module, name, value))
         stack.enter_context(mock.patch.object(packs_module, "FRAME_BYTES", 1))
         stack.enter_context(mock.patch.object(packs_module, "MERGE_GAP", 0))
+    elif shape == "lines-tiny":  # line tables and tree summaries that leave out most trigrams
+        for name, value in (("MAX_LINE", 12), ("MAX_LINES_PER_TRIGRAM", 2), ("SUMMARY_BUDGET", 120)):
+            stack.enter_context(mock.patch.object(lineindex_module, name, value))
     elif shape == "v1":
         stack.enter_context(mock.patch.object(packing_module, "encode_pack", encode_pack_v1))
         stack.enter_context(mock.patch.object(
-            packing_module, "build_sharded_index", lambda files, locations: (build_index(files), [])))
+            packing_module, "build_index_objects", lambda files, locations: IndexObjects(build_index(files), [], None)))
     return stack
 
 
@@ -597,3 +603,171 @@ def test_literal_patterns_are_never_parsed_as_regexes() -> None:
     text = b"xx a(b|c)*d[e] yy"
     assert matches(pattern, False, False, text) and index_admits(pattern, False, False, text)
     assert re.escape(pattern) != pattern
+
+
+# =====================================================================================
+# line tables and tree summaries (lineindex): a selective literal answered from one object
+# =====================================================================================
+def brute_lines(files: dict[str, bytes], gram: bytes) -> dict[str, list[tuple[int, bytes]]]:
+    """Every line of every text file whose lowercased bytes hold ``gram``: what a table must list."""
+    out: dict[str, list[tuple[int, bytes]]] = {}
+    for path, data in files.items():
+        if b"\x00" in data[:8192]:
+            continue
+        for n, line in enumerate(data.split(b"\n"), 1):
+            if gram in line.lower():
+                out.setdefault(path, []).append((n, line))
+    return out
+
+
+@settings(max_examples=200, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate])
+@given(units=st.lists(st.dictionaries(st.sampled_from(NAMES), contents(), min_size=1, max_size=5),
+                      min_size=1, max_size=3))
+def test_a_tree_summary_lists_every_line_of_each_trigram_it_holds(units: list[dict[str, bytes]]) -> None:
+    """Pure: unit tables built from random files, merged; for every trigram of the summary,
+    exactly the lines a scan finds, and no trigram a unit holds without listing it."""
+    tables, every = [], {}
+    for u, files in enumerate(units):
+        listed = [(path, digest_of(data), data) for path, data in sorted(files.items())]
+        built = searchindex_module.build_index_objects(listed, {}, inline_max=3, inline_budget=12)
+        assert built.lines is not None
+        tables.append((f"u{u}/", lineindex_module.LineTable.decode(built.lines)))
+        every.update({f"u{u}/{p}": d for p, d in files.items()})
+    raw = lineindex_module.build_summary(tables)
+    if raw is None:
+        return
+    summary = lineindex_module.LineTable.decode(raw)
+    assert summary.summary and len(summary.keys)
+    for key in summary.keys:
+        gram = bytes(((int(key) >> 16) & 255, (int(key) >> 8) & 255, int(key) & 255))
+        assert summary.lines(int(key)) == brute_lines(every, gram)
+        for _, t in tables:  # a unit that holds it lists it
+            assert t.count(int(key)) is not None or not t.holds(int(key))
+
+
+@st.composite
+def literal_queries(draw: Any, pool: list[str]) -> dict[str, Any]:
+    line = draw(st.sampled_from(pool))
+    i = draw(st.integers(0, max(0, len(line) - 3)))
+    return {"pattern": line[i:draw(st.integers(min(i + 3, len(line)), min(len(line), i + 8)))],
+            "regex": False, "ignore_case": draw(st.booleans()), "max_results": draw(st.sampled_from([1, 2, 1000])),
+            "glob": draw(st.sampled_from([None, None, "**/*.txt", "*"]))}
+
+
+class SummarySpy:
+    """Counts the searches the tree summary answered."""
+
+    def __init__(self) -> None:
+        self.answered = 0
+        self._real = view_module.View._summarised
+
+    def __call__(self, view: Any, *a: Any) -> Any:
+        out = self._real(view, *a)
+        self.answered += out is not None
+        return out
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow,
+                                 HealthCheck.data_too_large])
+@given(corpus=corpora, shape=st.sampled_from(["v2", "lines-tiny"]),
+       edits=st.dictionaries(st.tuples(st.sampled_from(DIRS), st.sampled_from(NEW_NAMES)).map("".join),
+                             st.one_of(st.none(), contents()), max_size=4),
+       data=st.data())
+def test_searches_answered_from_the_tree_summary_equal_a_full_scan(
+        store: Store, corpus: dict[str, bytes], shape: str, edits: dict[str, bytes | None], data: Any) -> None:
+    pool = [line for line in text_lines(corpus, edits) if len(line) >= 3]
+    if not pool:
+        return
+    qs = data.draw(st.lists(literal_queries(pool), min_size=4, max_size=8), label="queries")
+    with index_shape(shape), pack_limits((2, 60, 1 << 20)):  # a spine, so a summary, even for a few files
+        p = store.create_project("summary", files=corpus)
+    spy = SummarySpy()
+    with mock.patch.object(view_module.View, "_summarised", lambda view, *a: spy(view, *a)):
+        assert_same_as_scan(store, p.id, qs, "version")
+        store.cache.clear()
+        assert_same_as_scan(store, p.id, qs, "version, read cold")
+        plain = [q for q in qs if not q["ignore_case"] and any(q["pattern"] in line for line in text_lines(corpus))]
+        if shape == "v2" and plain:
+            assert spy.answered, "no search was answered from the tree summary"
+        changes = {path: v for path, v in edits.items() if v is not None or path in corpus}
+        if changes:
+            t = store.start_turn(p.id, "edit")
+            store.apply_changes(t.id, changes)
+            assert_same_as_scan(store, p.id, qs, "draft with overlay")
+
+
+def summarised_project(store: Store) -> tuple[Any, dict[str, bytes]]:
+    """Four directories of 30 files: a spine, four tree packs, a tree summary."""
+    files = {f"d{i}/f{j:02d}.txt": f"line {i}-{j} common words\nsecond line\n".encode()
+             for i in range(4) for j in range(30)}
+    files["d1/f07.txt"] = b"first\r\nthe Needle_X here\r\nand needle_x twice: needle_x\r\n"
+    files["d3/f29.txt"] = b"needle_x at the end"
+    with pack_limits((40, packing_module.MAX_PACK_BYTES, packing_module.MAX_PACKED_FILE)):
+        p = store.create_project("summarised", files=files)
+    return p, files
+
+
+def test_a_first_search_reads_the_tree_summary_and_nothing_else(store_factory: Any) -> None:
+    store = store_factory()
+    p, _ = summarised_project(store)
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(PK)).all()
+    spine = next(r for r in rows if r.kind == "spine")
+    assert spine.search_index and lineindex_module.LineTable.decode(store.blobs.get(Digest(spine.search_index))).summary
+    cold = store_factory()
+    res = cold.view(p.id).search_code("needle_x")
+    assert lines(res) == [("d1/f07.txt", 3, "and needle_x twice: needle_x"), ("d3/f29.txt", 1, "needle_x at the end")]
+    for r in rows:
+        if r.kind != "spine":
+            assert "index:" + r.search_index not in cold.cache  # no pack's index read
+            assert not cold._b.objects.packs.has_pack(r.digest)
+    assert res.files_searched == 2
+    oracle = scan_view(cold, p.id)
+    for kw in ({"ignore_case": True}, {"glob": "**/*.txt"}, {"glob": "d1/*"}, {"context": 1}, {"max_results": 1},
+               {"after": ("d1/f07.txt", 3)}):
+        assert lines(cold.view(p.id).search_code("needle_x", **kw)) == lines(oracle.search_code("needle_x", **kw)), kw
+
+
+def test_an_overlay_changes_what_the_summary_answers(store: Store) -> None:
+    p, _ = summarised_project(store)
+    t = store.start_turn(p.id, "edit")
+    store.apply_changes(t.id, {"d1/f07.txt": b"no longer\n", "d2/new.txt": b"x\nneedle_x new\n", "d3/f29.txt": None})
+    assert lines(store.view(p.id).search_code("needle_x")) == [("d2/new.txt", 2, "needle_x new")]
+
+
+def test_a_missing_or_corrupt_summary_falls_back_and_fsck_reports_it(store_factory: Any,
+                                                                     request: pytest.FixtureRequest) -> None:
+    from test_snapshots import corrupt_object
+
+    store = store_factory(settings=Settings(gc_grace_s=0))
+    p, _ = summarised_project(store)
+    want = [("d1/f07.txt", 3, "and needle_x twice: needle_x"), ("d3/f29.txt", 1, "needle_x at the end")]
+    with store.engine.connect() as conn:
+        rows = conn.execute(sa.select(PK)).all()
+    spine = next(r for r in rows if r.kind == "spine")
+    tables = [IndexDirectory.decode(store.blobs.get(Digest(r.search_index))).lines for r in rows if r.kind != "spine"]
+    assert all(tables)
+    swept = set(store.gc(dry_run=False).swept)
+    assert not swept & {spine.search_index, *tables}  # gc keeps the summary and every line table
+    assert store.fsck().ok
+    corrupt_object(store, request, spine.search_index, b"DSSUM1\nnot zstd")
+    assert lines(store_factory().view(p.id).search_code("needle_x")) == want
+    store.blobs.delete(Digest(spine.search_index))
+    assert lines(store_factory().view(p.id).search_code("needle_x")) == want
+    report = store_factory().fsck(verify_objects=False)
+    assert [(pr.kind, pr.key) for pr in report.problems] == [("missing", spine.search_index)]
+
+
+def test_packs_without_line_tables_get_no_summary_and_search_the_old_way(store_factory: Any) -> None:
+    store = store_factory()
+    old = lambda files, locations: searchindex_module.build_index_objects(files, locations, lines=False)  # noqa: E731
+    with mock.patch.object(packing_module, "build_index_objects", old):
+        p, _ = summarised_project(store)
+    with store.engine.connect() as conn:
+        spine = conn.execute(sa.select(PK).where(PK.c.kind == "spine")).one()
+    assert spine.search_index is None
+    spy = SummarySpy()
+    with mock.patch.object(view_module.View, "_summarised", lambda view, *a: spy(view, *a)):
+        res = store_factory().view(p.id).search_code("needle_x")
+    assert len(res.matches) == 2 and spy.answered == 0

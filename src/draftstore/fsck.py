@@ -188,11 +188,14 @@ class Checker:
                         report.problems.append(Problem("missing", label, e.digest, "file"))
 
     def _index(self, digest: str, where: str, listed: dict[str, int], report: FsckReport) -> None:
-        """A search index decodes (either format) and every shard it names is stored."""
+        """A search index (either format, or a spine's tree summary) decodes, and every
+        shard and line table it names is stored."""
         try:
             raw = self.b.blobs.get(Digest(digest))
             idx = decode_index(raw)
-            shards = idx.shard_digest if isinstance(idx, IndexDirectory) else []
+            named = [(s, "a shard") for s in idx.shard_digest] if isinstance(idx, IndexDirectory) else []
+            if isinstance(idx, IndexDirectory) and idx.lines:
+                named.append((idx.lines, "the line table"))
         except E.ChecksumMismatch as exc:
             report.problems.append(Problem("corrupt", where, digest, exc.message))
             return
@@ -204,10 +207,10 @@ class Checker:
             return
         finally:
             self.b.cache.discard(digest)
-        for shard in shards:
+        for obj, what in named:
             report.references_checked += 1
-            if shard not in listed:
-                report.problems.append(Problem("missing", where, shard, f"a shard of search index {digest[:12]}"))
+            if obj not in listed:
+                report.problems.append(Problem("missing", where, obj, f"{what} of search index {digest[:12]}"))
 
     def _pack(self, row: Any, expected: set[str], report: FsckReport) -> None:
         where = f"pack row {row.tree[:12]}/{row.kind}/{row.part}"

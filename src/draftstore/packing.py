@@ -18,6 +18,7 @@ in one transaction (a reader finding one part finds them all).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Set
 from concurrent.futures import FIRST_COMPLETED, Future, wait
@@ -30,12 +31,16 @@ from . import faults
 from .backends import Backends
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
+from .errors import BlobNotFound, DraftstoreError, IntegrityError
+from .lineindex import LineTable, build_summary
 from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, FrameLocation, encode_pack, frame_locations
 from .pools import drain
-from .searchindex import IndexDirectory, IndexShard, Query, SearchIndex, build_sharded_index, decode_index
+from .searchindex import IndexDirectory, IndexShard, Query, SearchIndex, build_index_objects, decode_index
 from .trees import Entry, encode_tree
 
 __all__ = ["Packing", "PackStats", "Covered"]
+
+log = logging.getLogger("draftstore.packing")
 
 _CHUNK = 500  # digests per IN (...) lookup
 _RECHECK_S = 30.0
@@ -245,7 +250,42 @@ class Packing:
         except BaseException:
             drain(list(running.values()))  # nothing of this write goes on after it failed
             raise
+        spine = next((u for u in units if u.kind == "spine"), None)
+        if spine is not None and spine.cover is not None:
+            self._write_summary(root, spine.cover)
         return stats
+
+    def _write_summary(self, root: Digest, cover: list[list[str]]) -> None:
+        """Write the tree summary of ``root`` (``lineindex``) and name it in its spine
+        row, once every pack of the tree is committed. Nothing when a pack of the tree
+        has no line table (written before them); a failure is logged, not raised: the
+        summary only speeds up searches, which without it read the packs' indexes."""
+        try:
+            rows = self._rows_for(t for _, t, _ in cover)
+            units: list[tuple[str, str]] = []  # (prefix, index digest), every part of every pack
+            for prefix, tree, kind in cover:
+                mine = sorted((r for r in rows.get(tree, ()) if r.kind == kind), key=lambda r: r.part)
+                if not mine or not all(r.search_index for r in mine):
+                    return
+                units += [(prefix, r.search_index) for r in mine]
+            dirs = self.indexes(d for _, d in units)
+            tables: list[str] = []
+            for _, d in units:
+                idx = dirs[d]
+                if not isinstance(idx, IndexDirectory) or not idx.lines:
+                    return
+                tables.append(idx.lines)
+            raw = self.b.blobs.get_many([Digest(t) for t in dict.fromkeys(tables)])
+            decoded = {t: LineTable.decode(raw[t]) for t in raw}
+            summary = build_summary([(prefix, decoded[t]) for (prefix, _), t in zip(units, tables)])
+            if summary is None:
+                return
+            digest = self.b.blobs.put(summary)
+            with self.b.tx() as conn:
+                conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine", PK.c.part == 0)
+                             .values(search_index=digest))
+        except DraftstoreError as exc:
+            log.warning("tree summary of %s not written: %s", root[:12], exc)
 
     def _commit(self, group: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
         # another process may write the same pack at the same time (same bytes, same digest): first one wins
@@ -282,12 +322,13 @@ class Packing:
         index_digest = None
         stored = len(raw)
         if unit.kind != "spine":
-            directory, shards = build_sharded_index([(rel, e.digest, content[e.digest]) for rel, e in everything],
-                                                    frame_locations(raw))
-            if shards:  # before the directory that names them
-                self.b.blobs.put_many(shards)
-            index_digest = self.b.blobs.put(directory)
-            stored += len(directory) + sum(map(len, shards))
+            built = build_index_objects([(rel, e.digest, content[e.digest]) for rel, e in everything],
+                                        frame_locations(raw))
+            named = built.shards + ([built.lines] if built.lines is not None else [])
+            if named:  # before the directory that names them
+                self.b.blobs.put_many(named)
+            index_digest = self.b.blobs.put(built.directory)
+            stored += len(built.directory) + sum(map(len, named))
         pack = self.b.blobs.put(raw)
         faults.point("pack.after_upload")
         stats.packs += 1
@@ -412,6 +453,28 @@ class Packing:
             self.b.cache.discard(d)  # the raw bytes are not needed twice
             out[d] = obj
         return out
+
+    def tree_summary(self, root: Digest, known: str | None = None) -> LineTable | None:
+        """The tree summary of ``root`` (``lineindex``), or None: the tree has no spine
+        pack, or its spine row names no summary. ``known``: the summary's digest as the
+        caller read it ("" for none); otherwise the spine row is looked up (and a
+        "none" asked again after ``_RECHECK_S``, as background packing may write one).
+        One GET cold; nothing warm."""
+        key = f"summary-of:{root}"
+        cached = (known or None, 0.0) if known is not None else self.b.cache.get(key)
+        if cached is None or (cached[0] is None and known is None and time.monotonic() - cached[1] >= _RECHECK_S):
+            spine = next((r for r in self._rows_for([root]).get(root, ()) if r.kind == "spine"), None)
+            cached = (spine.search_index if spine is not None else None, time.monotonic())
+            self.b.cache.add(key, cached, 200)
+        if cached[0] is None:
+            return None
+        try:
+            table = self._decoded("summary:", [cached[0]], lambda d, raw: LineTable.decode(raw))[cached[0]]
+        except (BlobNotFound, IntegrityError) as exc:  # searches go on without it; fsck reports it
+            log.warning("tree summary %s of %s unusable: %s", cached[0][:12], root[:12], exc)
+            self.b.cache.add(key, (None, time.monotonic()), 200)
+            return None
+        return table if table.summary else None
 
     def search_candidates(self, rows: Iterable[Any], query: Query
                           ) -> dict[str, tuple[Callable[[], Set[str]], dict[str, Digest]]]:

@@ -52,6 +52,7 @@ import zstandard
 
 from .digest import digest_of
 from .errors import IntegrityError
+from .lineindex import SUMMARY_MAGIC, LineTable, build_unit_lines
 from .packs import FrameLocation
 
 try:  # the parser behind ``re`` (Python 3.11+ names; ``sre_parse`` is its deprecated alias)
@@ -61,7 +62,7 @@ except ImportError:  # pragma: no cover
     import sre_constants  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
-__all__ = ["build_index", "build_sharded_index", "decode_index", "index_shards", "SearchIndex", "IndexDirectory", "IndexShard",
+__all__ = ["build_index", "build_sharded_index", "build_index_objects", "IndexObjects", "decode_index", "index_shards", "SearchIndex", "IndexDirectory", "IndexShard",
            "required_trigrams", "Query", "INLINE_MAX", "INLINE_BUDGET", "SHARD_POSTINGS", "MAX_SHARDS_PER_QUERY"]
 
 _MAGIC = b"DSIDX1\n"
@@ -169,13 +170,32 @@ def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
     return _MAGIC + zstandard.ZstdCompressor(level=3).compress(body)
 
 
+@dataclass
+class IndexObjects:
+    """The objects of one format-2 index: store ``shards`` and ``lines`` before the
+    ``directory`` that names them."""
+
+    directory: bytes
+    shards: list[bytes]
+    lines: bytes | None  # the unit's line table (``lineindex``), named by the directory
+
+
 def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str, FrameLocation], *,
                         inline_max: int | None = None, inline_budget: int | None = None,
                         shard_postings: int | None = None) -> tuple[bytes, list[bytes]]:
-    """The format-2 index of ``files`` (relative path, digest, content): (directory,
-    shards). ``locations``: where each packed file's object is in the index's pack
-    (``packs.frame_locations``); a file not there is recorded by digest (stored alone).
-    Store the shards before the directory that names them."""
+    """The format-2 index of ``files`` without a line table: (directory, shards)."""
+    built = build_index_objects(files, locations, inline_max=inline_max, inline_budget=inline_budget,
+                                shard_postings=shard_postings, lines=False)
+    return built.directory, built.shards
+
+
+def build_index_objects(files: list[tuple[str, str, bytes]], locations: dict[str, FrameLocation], *,
+                        inline_max: int | None = None, inline_budget: int | None = None,
+                        shard_postings: int | None = None, lines: bool = True) -> IndexObjects:
+    """The format-2 index of ``files`` (relative path, digest, content): directory,
+    shards and (``lines``) the line table of its inline trigrams. ``locations``: where
+    each packed file's object is in the index's pack (``packs.frame_locations``); a
+    file not there is recorded by digest (stored alone)."""
     inline_max = INLINE_MAX if inline_max is None else inline_max
     inline_budget = INLINE_BUDGET if inline_budget is None else inline_budget
     shard_postings = SHARD_POSTINGS if shard_postings is None else shard_postings
@@ -228,12 +248,15 @@ def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str
         where[n_] = frames.setdefault((loc.start, loc.stored, loc.hash, loc.raw), len(frames))
         offs[n_], lens[n_] = loc.offset, loc.length
     k, off, post = part(np.flatnonzero(inline))
-    header = json.dumps({"files": [path for path, _, _ in files], "width": width, "n": int(len(k)),
-                         "frames": [list(f) for f in frames], "loose": loose, "shards": table},
-                        separators=(",", ":")).encode()
+    meta: dict[str, Any] = {"files": [path for path, _, _ in files], "width": width, "n": int(len(k)),
+                            "frames": [list(f) for f in frames], "loose": loose, "shards": table}
+    line_table = build_unit_lines(files, keys, offsets, o, np.flatnonzero(inline)) if lines else None
+    if line_table is not None:
+        meta["lines"] = digest_of(line_table)
+    header = json.dumps(meta, separators=(",", ":")).encode()
     body = b"".join([len(header).to_bytes(8, "big"), header, k.tobytes(), off.tobytes(), post.tobytes(),
                      where.tobytes(), offs.tobytes(), lens.tobytes()])
-    return _MAGIC2 + cctx.compress(body), shards
+    return IndexObjects(_MAGIC2 + cctx.compress(body), shards, line_table)
 
 
 def _unpack(raw: bytes, magic: bytes, what: str) -> bytes:
@@ -362,6 +385,7 @@ class IndexDirectory:
     shard_first: list[int]  # first trigram of each shard, ascending
     shard_digest: list[str]
     shard_postings: list[int]
+    lines: str | None = None  # digest of the unit's line table (``lineindex``), if written
     _listed: frozenset[str] | None = None
     # ordinal -> digest of the files already read out of the pack's frames: derived from
     # content-addressed objects, so never stale; lets a warm search skip locating them again
@@ -387,7 +411,8 @@ class IndexDirectory:
             shards = h["shards"]
             return cls(list(paths), width, inline, frames, where, offs, lens,
                        {int(i): str(d) for i, d in h["loose"].items()}, [int(s[0]) for s in shards],
-                       [str(s[1]) for s in shards], [int(s[2]) for s in shards])
+                       [str(s[1]) for s in shards], [int(s[2]) for s in shards],
+                       str(h["lines"]) if h.get("lines") is not None else None)
         except (zstandard.ZstdError, ValueError, KeyError, TypeError, IndexError) as exc:
             raise IntegrityError(f"malformed search index directory: {exc}") from exc
 
@@ -485,14 +510,23 @@ class IndexDirectory:
 
 
 def index_shards(raw: bytes) -> list[str]:
-    """Digests of the shards an index object names (none for format 1): what an
-    index keeps reachable. Raises ``IntegrityError`` for a malformed directory."""
-    return IndexDirectory.decode(raw).shard_digest if raw.startswith(_MAGIC2) else []
+    """Digests of the objects a search index object names: a directory's shards and
+    line table (none for format 1 or a tree summary): what an index keeps reachable.
+    Raises ``IntegrityError`` for a malformed directory."""
+    if not raw.startswith(_MAGIC2):
+        return []
+    d = IndexDirectory.decode(raw)
+    return d.shard_digest + ([d.lines] if d.lines else [])
 
 
-def decode_index(raw: bytes) -> "SearchIndex | IndexDirectory":
-    """An index object of either format. Raises ``IntegrityError``."""
-    return IndexDirectory.decode(raw) if raw.startswith(_MAGIC2) else SearchIndex.decode(raw)
+def decode_index(raw: bytes) -> "SearchIndex | IndexDirectory | LineTable":
+    """A search index object: either format of a pack's index, or a spine's tree
+    summary (``lineindex``). Raises ``IntegrityError``."""
+    if raw.startswith(_MAGIC2):
+        return IndexDirectory.decode(raw)
+    if raw.startswith(SUMMARY_MAGIC):
+        return LineTable.decode(raw)
+    return SearchIndex.decode(raw)
 
 
 # -- which trigrams every match contains -------------------------------------------------------

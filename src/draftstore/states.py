@@ -16,7 +16,7 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .backends import Backends
-from .db.tables import C, D, P, T, V
+from .db.tables import PK, C, D, P, T, V
 from .diff import Diff, diff_views
 from .digest import EMPTY_TREE, Digest
 from .projects import Projects
@@ -28,7 +28,7 @@ __all__ = ["States"]
 
 
 def _view_statement() -> Any:
-    """Project, its draft (or head) and the draft's overlay, in one statement."""
+    """Project, its draft (or head), the tree summary of its root and the draft's overlay, in one statement."""
     null_s, null_i = sa.cast(sa.null(), sa.String), sa.cast(sa.null(), sa.Integer)
     null_j = sa.cast(sa.null(), D.c.characters_json.type)
     head = sa.select(
@@ -47,13 +47,17 @@ def _view_statement() -> Any:
         null_s.label("digest"),
         null_i.label("size"),
         sa.cast(sa.null(), sa.Boolean).label("executable"),
+        # the tree summary its spine row names (lineindex): a first search needs no other row
+        sa.select(PK.c.search_index).where(
+            PK.c.tree == sa.func.coalesce(D.c.code_manifest_key, V.c.code_manifest_key),
+            PK.c.kind == "spine", PK.c.part == 0).scalar_subquery().label("summary"),
     ).select_from(
         P.outerjoin(D, D.c.id == P.c.active_draft_id).outerjoin(
             V, sa.and_(V.c.id == P.c.current_version_id, P.c.active_draft_id.is_(None)))
     ).where(P.c.id == sa.bindparam("project_id"))
     rows = sa.select(
         sa.literal(1), null_s, null_s, null_s, null_j, null_j, null_s, null_i, null_s, null_j, null_j,
-        C.c.path, C.c.digest, C.c.size, C.c.executable,
+        C.c.path, C.c.digest, C.c.size, C.c.executable, null_s,
     ).select_from(P.join(C, C.c.draft_id == P.c.active_draft_id)).where(P.c.id == sa.bindparam("project_id"))
     return sa.union_all(head, rows)
 
@@ -88,11 +92,13 @@ class States:
             overlay = {r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.part == 1}
             return View(trees=self.b.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
                         overlay=overlay, characters=head.d_chars, world_settings=head.d_world,
-                        draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits, packing=self.packing)
+                        draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits,
+                        packing=self.packing, summary=head.summary or "")
         if head.version_id is not None and head.v_root is not None:
             return View(trees=self.b.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
                         overlay={}, characters=head.v_chars, world_settings=head.v_world,
-                        version_id=head.version_id, limits=limits, packing=self.packing)
+                        version_id=head.version_id, limits=limits, packing=self.packing,
+                        summary=head.summary or "")
         return View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
                     characters={}, world_settings={}, limits=limits, packing=self.packing)
 

@@ -50,6 +50,17 @@ class PathList(list[str]):
     truncated: bool = False
 
 
+def _sparse_text(lines: list[tuple[int, bytes]]) -> bytes:
+    """A text whose line ``n`` is ``line`` for each (n, line) (ascending), every other line empty."""
+    parts: list[bytes] = []
+    at = 1
+    for n, line in lines:
+        parts.append(b"\n" * (n - at))
+        parts.append(line)
+        at = n
+    return b"".join(parts)
+
+
 class View:
     """A read-only, pinned project state.
 
@@ -72,12 +83,14 @@ class View:
         revision: int | None = None,
         limits: Limits | None = None,
         packing: Any = None,
+        summary: str | None = None,
     ) -> None:
         self._staged = StagedTree(trees, root, dict(overlay))
         self._trees = trees
         self._overlay = self._staged.overlay
         self._limits = limits or Limits()
         self._packing = packing  # finds the trigram indexes of packed subtrees (None: scan every file)
+        self._summary = summary  # digest of the root's tree summary, "" for none, None: look it up
         self.project_id = project_id
         self.kind = kind
         self.root = root
@@ -282,6 +295,10 @@ class View:
         base = glob_base(glob) if glob else ""
         if base and not self.is_dir(base):
             return SearchResult()
+        if not regex and not context and not base:
+            lined = self._summarised(pattern, ignore_case, rx)
+            if lined is not None:
+                return searcher.run(iter(searcher.from_cursor(lined)))
         indexed = self._index_units(pattern, regex, ignore_case, base)
         if indexed is None:
             selected: Any = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
@@ -292,6 +309,42 @@ class View:
                 selected = [(p, d) for p, d in selected if rx.match(p)]
         # files before the cursor's are not read (nor prefetched)
         return searcher.run(self._prefetched(iter(searcher.from_cursor(selected))))
+
+    def _summarised(self, pattern: str, ignore_case: bool, rx: Any) -> list[tuple[str, Any]] | None:
+        """(path, read) of the files a literal search must look at, answered from the
+        tree summary (``lineindex``) with no file of the tree read; None when it
+        cannot answer (no summary, or none of the literal's trigrams is in it).
+
+        Each summarised file reads as its lines that hold the literal's rarest
+        summarised trigram, at their own line numbers, the other lines empty. A line
+        the literal matches holds every trigram it requires, so it is among them:
+        the search reports exactly the lines a full scan does. Without context
+        lines only (the lines around a match are not kept), and literals only (a
+        regex may look at the whole text: ``\\A``, ``\\z``). Overlay files are read
+        as they are."""
+        if self._packing is None or "\n" in pattern or "\r" in pattern:
+            return None
+        query = required_trigrams(pattern, False, ignore_case)
+        if not query or len(query) != 1 or not query[0]:
+            return None
+        summary = self._packing.tree_summary(self.root, self._summary)
+        if summary is None:
+            return None
+        counts = [(n, t) for t in query[0] if (n := summary.count(t)) is not None]
+        if not counts:
+            return None
+        overlay = self._overlay
+        found = summary.lines(min(counts)[1])
+        out: list[tuple[str, Any]] = []
+        for path, lines in found.items():
+            if path in overlay or (rx is not None and not rx.match(path)):
+                continue
+            out.append((path, lambda lines=lines: _sparse_text(lines)))
+        written = [(p, v.digest) for p, v in overlay.items() if v is not None and (rx is None or rx.match(p))]
+        if written:
+            out += self._fetch_batch(self._trees.blobs, written)
+        out.sort(key=lambda item: item[0])
+        return out
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
         """The trigram indexes of the packed subtrees below ``base``: (prefix -> (kind,

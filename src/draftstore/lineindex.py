@@ -1,0 +1,291 @@
+"""Line tables: the lines that hold a tree's rarest trigrams, so a selective search reads no file.
+
+A first search of a large tree spends most of its time reading the packs
+that hold its candidates (docs/packs.md). Yet a selective literal -- an
+identifier an agent looks for -- holds a trigram found on a handful of lines
+of the whole tree. If the index keeps those lines, such a search is
+answered from one object.
+
+- A **unit table** (``DSLIN1``) is written with each ``tree``/``files``
+  pack's search index and named by its directory (``"lines"``). It holds,
+  for every *inline* trigram of that index (the rarest, searchindex's
+  ``INLINE_MAX``/``INLINE_BUDGET``), every line of every file that holds it,
+  with its line number; a trigram with a line over ``MAX_LINE`` bytes, a
+  line with a NUL byte, or more than ``MAX_LINES_PER_TRIGRAM`` lines is left
+  out, and so is one that spans a line end. It also holds every trigram the unit holds at all (``present``).
+- A **tree summary** (``DSSUM1``) is written when a tree's spine pack is
+  (``packing``), and named by the spine row's ``search_index``. It merges
+  the unit tables of every pack covering the tree: a trigram is in it when
+  every unit that holds the trigram lists its lines (a unit that does not
+  hold it has nothing to list), rarest first while ``SUMMARY_BUDGET`` bytes
+  of lines last.
+
+Trigrams are the index's: three bytes of ASCII-lowercased content (a binary
+file holds none). **Guarantee:** for a trigram in a table, the table lists
+every line, of every file it covers, whose lowercased bytes contain that
+trigram -- so every line a literal matches, for any literal that requires
+that trigram (``searchindex.required_trigrams``). Lines are stored as they
+are (a ``\\r`` before the ``\\n`` kept) with their 1-based numbers.
+
+Format (either kind)::
+
+    magic + zstd(8-byte header length + header JSON {"n": trigrams, "lines": line records,
+                 "refs": references, "present": trigram count, "paths": count}
+                 + trigrams (n x uint32, ascending) + offsets ((n + 1) x uint32 into the references)
+                 + references (uint32 line records) + per line record: path, line number (uint32 each)
+                 + text starts ((lines + 1) x uint32)
+                 + present trigrams (uint32, ascending) + path starts ((paths + 1) x uint32)
+                 + the paths (UTF-8) + the lines' text)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import orjson
+import zstandard
+
+from .errors import IntegrityError
+
+__all__ = ["LineTable", "build_unit_lines", "build_summary", "MAX_LINE", "MAX_LINES_PER_TRIGRAM",
+           "SUMMARY_BUDGET", "UNIT_MAGIC", "SUMMARY_MAGIC"]
+
+UNIT_MAGIC = b"DSLIN1\n"
+SUMMARY_MAGIC = b"DSSUM1\n"
+MAX_LINE = 1024  # bytes: a trigram with a longer line is not kept (a minified file's lines)
+MAX_LINES_PER_TRIGRAM = 256
+SUMMARY_BUDGET = 128 * 1024  # bytes of lines a tree summary keeps at most (rarest trigrams first)
+
+
+def _trigram_bytes(key: int) -> bytes:
+    return bytes(((key >> 16) & 0xFF, (key >> 8) & 0xFF, key & 0xFF))
+
+
+def _lines_holding(data: bytes, lowered: bytes, gram: bytes) -> list[tuple[int, int, int]] | None:
+    """(line number, start, end) of every line of ``data`` whose lowercased bytes hold ``gram``,
+    ascending; None when one of them is too long or holds a NUL byte."""
+    out: list[tuple[int, int, int]] = []
+    at = lowered.find(gram)
+    line_no, counted = 1, 0
+    while at >= 0:
+        ls = data.rfind(b"\n", 0, at) + 1
+        le = data.find(b"\n", at)
+        if le < 0:
+            le = len(data)
+        if le - ls > MAX_LINE or data.find(b"\x00", ls, le) >= 0:
+            return None
+        line_no += data.count(b"\n", counted, ls)
+        counted = ls
+        out.append((line_no, ls, le))
+        if len(out) > MAX_LINES_PER_TRIGRAM:
+            return None
+        at = lowered.find(gram, le + 1) if le < len(data) else -1
+    return out
+
+
+class _Writer:
+    """Collects line records (each line once) and the trigrams that reference them."""
+
+    def __init__(self) -> None:
+        self.paths: list[str] = []
+        self._path_no: dict[str, int] = {}
+        self.records: list[tuple[int, int, bytes]] = []  # (path number, line number, text)
+        self._record_no: dict[tuple[int, int], int] = {}
+        self.trigrams: list[tuple[int, list[int]]] = []
+
+    def line(self, path: str, line_no: int, text: bytes) -> int:
+        p = self._path_no.get(path)
+        if p is None:
+            p = self._path_no[path] = len(self.paths)
+            self.paths.append(path)
+        key = (p, line_no)
+        r = self._record_no.get(key)
+        if r is None:
+            r = self._record_no[key] = len(self.records)
+            self.records.append((p, line_no, text))
+        return r
+
+    def encode(self, magic: bytes, present: np.ndarray) -> bytes:
+        self.trigrams.sort()
+        keys = np.array([t for t, _ in self.trigrams], dtype=np.uint32)
+        offsets = np.zeros(len(self.trigrams) + 1, dtype=np.uint32)
+        offsets[1:] = np.cumsum([len(refs) for _, refs in self.trigrams]) if self.trigrams else []
+        refs = np.array([r for _, rs in self.trigrams for r in rs], dtype=np.uint32)
+        rec = np.array([(p, n) for p, n, _ in self.records], dtype=np.uint32).reshape(len(self.records), 2)
+        starts = np.zeros(len(self.records) + 1, dtype=np.uint32)
+        starts[1:] = np.cumsum([len(t) for _, _, t in self.records]) if self.records else []
+        names = [p.encode("utf-8", "surrogatepass") for p in self.paths]
+        name_starts = np.zeros(len(names) + 1, dtype=np.uint32)
+        name_starts[1:] = np.cumsum([len(n) for n in names]) if names else []
+        header = orjson.dumps({"paths": len(names), "n": len(keys), "lines": len(self.records),
+                               "refs": len(refs), "present": len(present)})
+        body = b"".join([len(header).to_bytes(8, "big"), header, keys.tobytes(), offsets.tobytes(), refs.tobytes(),
+                         rec.tobytes(), starts.tobytes(), present.astype(np.uint32).tobytes(),
+                         name_starts.tobytes(), *names, *(t for _, _, t in self.records)])
+        return magic + zstandard.ZstdCompressor(level=3).compress(body)
+
+
+def build_unit_lines(files: list[tuple[str, str, bytes]], keys: np.ndarray, offsets: np.ndarray,
+                     postings: np.ndarray, lined: np.ndarray) -> bytes:
+    """The unit table of an index's ``files`` (relative path, digest, content): the lines of
+    the trigrams ``lined`` (indexes into ``keys``, the index's inline trigrams) and every
+    trigram of ``keys`` as present. ``keys``/``offsets``/``postings``: the index's whole
+    trigram table (``searchindex._table``)."""
+    w = _Writer()
+    lowered: dict[int, bytes] = {}
+    for i in lined:
+        gram = _trigram_bytes(int(keys[i]))
+        if b"\n" in gram:  # spans two lines: no literal within a line requires it
+            continue
+        found: list[tuple[str, int, bytes]] = []
+        for f in postings[offsets[i]:offsets[i + 1]]:
+            path, _, data = files[int(f)]
+            low = lowered.get(int(f))
+            if low is None:
+                low = lowered[int(f)] = data.lower()
+            spans = _lines_holding(data, low, gram)
+            if spans is None:
+                found = []
+                break
+            found += [(path, n, data[s:e]) for n, s, e in spans]
+            if len(found) > MAX_LINES_PER_TRIGRAM:
+                found = []
+                break
+        if found:
+            w.trigrams.append((int(keys[i]), [w.line(p, n, t) for p, n, t in found]))
+    return w.encode(UNIT_MAGIC, np.asarray(keys, dtype=np.uint32))
+
+
+@dataclass
+class LineTable:
+    """A decoded unit table or tree summary (module docstring): ``lines(trigram)``."""
+
+    name_starts: np.ndarray  # where each path starts in ``names`` (one more: the end)
+    names: memoryview  # the paths, UTF-8, one after another (decoded when a line of theirs is asked for)
+    keys: np.ndarray
+    offsets: np.ndarray
+    refs: np.ndarray
+    records: np.ndarray  # (path number, line number) per line record
+    starts: np.ndarray
+    present: np.ndarray
+    text: memoryview
+    summary: bool
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "LineTable":
+        """Raises ``IntegrityError`` for anything but a well-formed table."""
+        if raw.startswith(UNIT_MAGIC):
+            summary = False
+        elif raw.startswith(SUMMARY_MAGIC):
+            summary = True
+        else:
+            raise IntegrityError("object is not a line table")
+        try:
+            body = zstandard.ZstdDecompressor().decompress(raw[len(UNIT_MAGIC):], max_output_size=1 << 32)
+            hl = int.from_bytes(body[:8], "big")
+            h = orjson.loads(body[8:8 + hl])
+            n, m, r, p = int(h["n"]), int(h["lines"]), int(h["refs"]), int(h["present"])
+            pos = 8 + hl
+            keys = np.frombuffer(body, np.uint32, n, pos)
+            pos += 4 * n
+            offsets = np.frombuffer(body, np.uint32, n + 1, pos)
+            pos += 4 * (n + 1)
+            refs = np.frombuffer(body, np.uint32, r, pos)
+            pos += 4 * r
+            records = np.frombuffer(body, np.uint32, 2 * m, pos).reshape(m, 2)
+            pos += 8 * m
+            starts = np.frombuffer(body, np.uint32, m + 1, pos)
+            pos += 4 * (m + 1)
+            present = np.frombuffer(body, np.uint32, p, pos)
+            pos += 4 * p
+            k = int(h["paths"])
+            name_starts = np.frombuffer(body, np.uint32, k + 1, pos)
+            pos += 4 * (k + 1)
+            names = memoryview(body)[pos:pos + int(name_starts[-1])]
+            text = memoryview(body)[pos + int(name_starts[-1]):]
+            if (int(offsets[-1]) != r or (r and int(refs.max()) >= m) or int(starts[-1]) != len(text)
+                    or len(names) != int(name_starts[-1]) or (m and int(records[:, 0].max()) >= k)
+                    or np.any(np.diff(starts.astype(np.int64)) < 0) or np.any(np.diff(name_starts.astype(np.int64)) < 0)):
+                raise ValueError("inconsistent tables")
+        except (zstandard.ZstdError, ValueError, KeyError, TypeError, orjson.JSONDecodeError) as exc:
+            raise IntegrityError(f"malformed line table: {exc}") from exc
+        return cls(name_starts, names, keys, offsets, refs, records, starts, present, text, summary)
+
+    @property
+    def size(self) -> int:
+        return (len(self.text) + self.keys.nbytes + self.offsets.nbytes + self.refs.nbytes + self.records.nbytes
+                + self.starts.nbytes + self.present.nbytes + self.name_starts.nbytes + len(self.names) + 200)
+
+    def path(self, i: int) -> str:
+        return str(self.names[int(self.name_starts[i]):int(self.name_starts[i + 1])], "utf-8", "surrogatepass")
+
+    def _find(self, trigram: int) -> int:
+        i = int(np.searchsorted(self.keys, trigram))
+        return i if i < len(self.keys) and int(self.keys[i]) == trigram else -1
+
+    def count(self, trigram: int) -> int | None:
+        """How many lines the table lists for ``trigram``; None when it does not list it."""
+        i = self._find(trigram)
+        return None if i < 0 else int(self.offsets[i + 1] - self.offsets[i])
+
+    def holds(self, trigram: int) -> bool:
+        """A unit table: whether any file of the unit holds ``trigram`` at all."""
+        i = int(np.searchsorted(self.present, trigram))
+        return i < len(self.present) and int(self.present[i]) == trigram
+
+    def lines(self, trigram: int) -> dict[str, list[tuple[int, bytes]]] | None:
+        """path -> [(line number, line bytes), ...] ascending, of every line holding
+        ``trigram`` (module docstring); None when the table does not list the trigram."""
+        i = self._find(trigram)
+        if i < 0:
+            return None
+        out: dict[str, list[tuple[int, bytes]]] = {}
+        text, ends = self.text, self.starts
+        for r in self.refs[self.offsets[i]:self.offsets[i + 1]]:
+            r = int(r)
+            p, n = self.records[r]
+            out.setdefault(self.path(int(p)), []).append((int(n), bytes(text[int(ends[r]):int(ends[r + 1])])))
+        for v in out.values():
+            v.sort()
+        return out
+
+
+def build_summary(units: list[tuple[str, LineTable]]) -> bytes | None:
+    """The tree summary of the units covering a tree: (path prefix, unit table) each, every
+    file of the tree in exactly one unit. None when no trigram qualifies."""
+    if not units:
+        return None
+    candidates = np.unique(np.concatenate([t.keys for _, t in units]))
+    ok = np.ones(len(candidates), dtype=bool)
+    for _, t in units:
+        listed = np.isin(candidates, t.keys, assume_unique=True)
+        held = np.isin(candidates, t.present, assume_unique=True)
+        ok &= listed | ~held
+    chosen: list[tuple[int, int, int]] = []  # (bytes, lines, trigram)
+    for key in candidates[ok]:
+        k = int(key)
+        n = size = 0
+        for _, t in units:
+            i = t._find(k)
+            if i >= 0:
+                rs = t.refs[t.offsets[i]:t.offsets[i + 1]]
+                n += len(rs)
+                size += int(np.sum(t.starts[rs.astype(np.int64) + 1] - t.starts[rs.astype(np.int64)]))
+        chosen.append((size + 16 * n, n, k))
+    chosen.sort()
+    w = _Writer()
+    spent = 0
+    for cost, _, k in chosen:
+        if spent + cost > SUMMARY_BUDGET:
+            break
+        spent += cost
+        refs: list[int] = []
+        for prefix, t in units:
+            got = t.lines(k)
+            for path, lines in (got or {}).items():
+                refs += [w.line(prefix + path, n, text) for n, text in lines]
+        w.trigrams.append((k, refs))
+    if not w.trigrams:
+        return None
+    return w.encode(SUMMARY_MAGIC, np.empty(0, dtype=np.uint32))
