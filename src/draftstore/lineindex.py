@@ -251,41 +251,42 @@ class LineTable:
         return out
 
 
+def _costs(t: LineTable) -> np.ndarray:
+    """Per trigram of ``t``: the bytes of its lines, plus 16 per line (numbers, references)."""
+    per_record = np.diff(t.starts.astype(np.int64)) + 16
+    per_ref = np.append(0, np.cumsum(per_record[t.refs.astype(np.int64)]))
+    return per_ref[t.offsets[1:].astype(np.int64)] - per_ref[t.offsets[:-1].astype(np.int64)]
+
+
 def build_summary(units: list[tuple[str, LineTable]]) -> bytes | None:
     """The tree summary of the units covering a tree: (path prefix, unit table) each, every
-    file of the tree in exactly one unit. None when no trigram qualifies."""
+    file of the tree in exactly one unit. None when no trigram qualifies. Vectorised over
+    trigrams: a tree of many packs costs numpy passes, not a Python step per trigram and pack."""
     if not units:
         return None
     candidates = np.unique(np.concatenate([t.keys for _, t in units]))
     ok = np.ones(len(candidates), dtype=bool)
+    cost = np.zeros(len(candidates), dtype=np.int64)
+    where: list[tuple[np.ndarray, np.ndarray]] = []  # per unit: which candidates it lists, at which index
     for _, t in units:
-        listed = np.isin(candidates, t.keys, assume_unique=True)
+        at = np.minimum(np.searchsorted(t.keys, candidates), max(len(t.keys) - 1, 0))
+        listed = (t.keys[at] == candidates) if len(t.keys) else np.zeros(len(candidates), dtype=bool)
         held = np.isin(candidates, t.present, assume_unique=True)
         ok &= listed | ~held
-    chosen: list[tuple[int, int, int]] = []  # (bytes, lines, trigram)
-    for key in candidates[ok]:
-        k = int(key)
-        n = size = 0
-        for _, t in units:
-            i = t._find(k)
-            if i >= 0:
-                rs = t.refs[t.offsets[i]:t.offsets[i + 1]]
-                n += len(rs)
-                size += int(np.sum(t.starts[rs.astype(np.int64) + 1] - t.starts[rs.astype(np.int64)]))
-        chosen.append((size + 16 * n, n, k))
-    chosen.sort()
+        if len(t.keys):
+            cost += np.where(listed, _costs(t)[at], 0)
+        where.append((listed, at))
+    chosen = np.flatnonzero(ok)
+    chosen = chosen[np.lexsort((candidates[chosen], cost[chosen]))]  # cheapest first, then by trigram
+    taken = chosen[np.cumsum(cost[chosen]) <= SUMMARY_BUDGET]
     w = _Writer()
-    spent = 0
-    for cost, _, k in chosen:
-        if spent + cost > SUMMARY_BUDGET:
-            break
-        spent += cost
+    for c in np.sort(taken):
         refs: list[int] = []
-        for prefix, t in units:
-            got = t.lines(k)
-            for path, lines in (got or {}).items():
-                refs += [w.line(prefix + path, n, text) for n, text in lines]
-        w.trigrams.append((k, refs))
+        for (prefix, t), (listed, at) in zip(units, where):
+            if listed[c]:
+                for path, lines in (t.lines(int(t.keys[at[c]])) or {}).items():
+                    refs += [w.line(prefix + path, n, text) for n, text in lines]
+        w.trigrams.append((int(candidates[c]), refs))
     if not w.trigrams:
         return None
     return w.encode(SUMMARY_MAGIC, np.empty(0, dtype=np.uint32))

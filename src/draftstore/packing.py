@@ -7,7 +7,9 @@ and its node to the tree's *spine* pack (kind ``spine``, keyed by the root).
 Because the choice depends only on the subtree, an unchanged subtree has the
 same pack in every version and draft that holds it; writing a tree's packs
 writes only the packs that do not exist yet. Each ``tree``/``files`` pack has
-a trigram index of its text files (``searchindex``), stored as its own object.
+a trigram index of its text files (``searchindex``), stored as its own object,
+with a line table of its rarest trigrams; a spine row names its tree's summary
+of those (``lineindex``), written once the tree's packs are committed.
 
 Writes happen on import (``create_project``: the files go to packs, not one
 PUT each) and off the publish path (``pack_version``). Rows are committed

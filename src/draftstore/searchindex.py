@@ -19,7 +19,8 @@ fetches only the directory and at most ``MAX_SHARDS_PER_QUERY`` shards::
     header: {"files": [relative path, ...], "width": 2 or 4, "n": inline trigram count,
              "frames": [[start, stored, hash, raw], ...],     frames of the index's pack
              "loose": {ordinal: digest},                      files stored alone
-             "shards": [[first trigram, digest, postings], ...]}
+             "shards": [[first trigram, digest, postings], ...],
+             "lines": digest}                                 the line table (``lineindex``), if written
     shard:     b"DSIXS2\\n" + zstd(8-byte trigram count + keys + offsets + postings)
 
 The rarest trigrams (at most ``INLINE_MAX`` files each, ``INLINE_BUDGET``
