@@ -84,6 +84,11 @@ def _lines_holding(data: bytes, lowered: bytes, gram: bytes) -> list[tuple[int, 
     return out
 
 
+def _starts(lengths: list[int]) -> np.ndarray:
+    """Where each of consecutive items of ``lengths`` starts, and one more: the end (uint32)."""
+    return np.append(0, np.cumsum(lengths, dtype=np.int64)).astype(np.uint32)
+
+
 class _Writer:
     """Collects line records (each line once) and the trigrams that reference them."""
 
@@ -109,15 +114,12 @@ class _Writer:
     def encode(self, magic: bytes, present: np.ndarray) -> bytes:
         self.trigrams.sort()
         keys = np.array([t for t, _ in self.trigrams], dtype=np.uint32)
-        offsets = np.zeros(len(self.trigrams) + 1, dtype=np.uint32)
-        offsets[1:] = np.cumsum([len(refs) for _, refs in self.trigrams]) if self.trigrams else []
+        offsets = _starts([len(refs) for _, refs in self.trigrams])
         refs = np.array([r for _, rs in self.trigrams for r in rs], dtype=np.uint32)
         rec = np.array([(p, n) for p, n, _ in self.records], dtype=np.uint32).reshape(len(self.records), 2)
-        starts = np.zeros(len(self.records) + 1, dtype=np.uint32)
-        starts[1:] = np.cumsum([len(t) for _, _, t in self.records]) if self.records else []
+        starts = _starts([len(t) for _, _, t in self.records])
         names = [p.encode("utf-8", "surrogatepass") for p in self.paths]
-        name_starts = np.zeros(len(names) + 1, dtype=np.uint32)
-        name_starts[1:] = np.cumsum([len(n) for n in names]) if names else []
+        name_starts = _starts([len(n) for n in names])
         header = orjson.dumps({"paths": len(names), "n": len(keys), "lines": len(self.records),
                                "refs": len(refs), "present": len(present)})
         body = b"".join([len(header).to_bytes(8, "big"), header, keys.tobytes(), offsets.tobytes(), refs.tobytes(),

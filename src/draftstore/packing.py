@@ -461,20 +461,26 @@ class Packing:
         pack, or its spine row names no summary. ``known``: the summary's digest as the
         caller read it ("" for none); otherwise the spine row is looked up (and a
         "none" asked again after ``_RECHECK_S``, as background packing may write one).
+        A summary that cannot be read is not tried again for ``_RECHECK_S``.
         One GET cold; nothing warm."""
-        key = f"summary-of:{root}"
-        cached = (known or None, 0.0) if known is not None else self.b.cache.get(key)
-        if cached is None or (cached[0] is None and known is None and time.monotonic() - cached[1] >= _RECHECK_S):
-            spine = next((r for r in self._rows_for([root]).get(root, ()) if r.kind == "spine"), None)
-            cached = (spine.search_index if spine is not None else None, time.monotonic())
-            self.b.cache.add(key, cached, 200)
-        if cached[0] is None:
+        if known is not None:
+            digest = known or None
+        else:
+            key = f"summary-of:{root}"
+            cached = self.b.cache.get(key)
+            if cached is None or (cached[0] is None and time.monotonic() - cached[1] >= _RECHECK_S):
+                spine = next((r for r in self._rows_for([root]).get(root, ()) if r.kind == "spine"), None)
+                cached = (spine.search_index if spine is not None else None, time.monotonic())
+                self.b.cache.add(key, cached, 200)
+            digest = cached[0]
+        failed = self.b.cache.get(f"summary-unusable:{digest}") if digest is not None else None
+        if digest is None or (failed is not None and time.monotonic() - failed < _RECHECK_S):
             return None
         try:
-            table = self._decoded("summary:", [cached[0]], lambda d, raw: LineTable.decode(raw))[cached[0]]
+            table = self._decoded("summary:", [digest], lambda d, raw: LineTable.decode(raw))[digest]
         except (BlobNotFound, IntegrityError) as exc:  # searches go on without it; fsck reports it
-            log.warning("tree summary %s of %s unusable: %s", cached[0][:12], root[:12], exc)
-            self.b.cache.add(key, (None, time.monotonic()), 200)
+            log.warning("tree summary %s of %s unusable: %s", digest[:12], root[:12], exc)
+            self.b.cache.add(f"summary-unusable:{digest}", time.monotonic(), 100)  # tried again after _RECHECK_S
             return None
         return table if table.summary else None
 

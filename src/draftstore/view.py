@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import bisect
 import copy
+import heapq
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from operator import itemgetter
 from types import MappingProxyType
 from typing import Any
 
@@ -296,9 +298,12 @@ class View:
         if base and not self.is_dir(base):
             return SearchResult()
         if not regex and not context and not base:
-            lined = self._summarised(pattern, ignore_case, rx)
-            if lined is not None:
-                return searcher.run(iter(searcher.from_cursor(lined)))
+            answered = self._summarised(pattern, ignore_case, rx)
+            if answered is not None:
+                summarised, written = answered
+                # the overlay's files are read as the search reaches them, from the cursor's on
+                files = self._prefetched(iter(searcher.from_cursor(written)))
+                return searcher.run(heapq.merge(summarised, files, key=itemgetter(0)))
         indexed = self._index_units(pattern, regex, ignore_case, base)
         if indexed is None:
             selected: Any = ((path, st.digest) for path, st in self.iter_files(base) if rx is None or rx.match(path))
@@ -310,9 +315,11 @@ class View:
         # files before the cursor's are not read (nor prefetched)
         return searcher.run(self._prefetched(iter(searcher.from_cursor(selected))))
 
-    def _summarised(self, pattern: str, ignore_case: bool, rx: Any) -> list[tuple[str, Any]] | None:
-        """(path, read) of the files a literal search must look at, answered from the
-        tree summary (``lineindex``) with no file of the tree read; None when it
+    def _summarised(self, pattern: str, ignore_case: bool, rx: Any
+                    ) -> tuple[list[tuple[str, Any]], list[tuple[str, Digest]]] | None:
+        """The files a literal search must look at, answered from the tree summary
+        (``lineindex``) with no file of the tree read: (path, read) of the summarised
+        files and (path, digest) of the overlay's, each in path order; None when it
         cannot answer (no summary, or none of the literal's trigrams is in it).
 
         Each summarised file reads as its lines that hold the literal's rarest
@@ -334,17 +341,11 @@ class View:
         if not counts:
             return None
         overlay = self._overlay
-        found = summary.lines(min(counts)[1])
-        out: list[tuple[str, Any]] = []
-        for path, lines in found.items():
-            if path in overlay or (rx is not None and not rx.match(path)):
-                continue
-            out.append((path, lambda lines=lines: _sparse_text(lines)))
-        written = [(p, v.digest) for p, v in overlay.items() if v is not None and (rx is None or rx.match(p))]
-        if written:
-            out += self._fetch_batch(self._trees.blobs, written)
-        out.sort(key=lambda item: item[0])
-        return out
+        summarised = sorted((path, lambda lines=lines: _sparse_text(lines))
+                            for path, lines in summary.lines(min(counts)[1]).items()
+                            if path not in overlay and (rx is None or rx.match(path)))
+        written = sorted(f for f in self._written() if rx is None or rx.match(f[0]))
+        return summarised, written
 
     def _index_units(self, pattern: str, regex: bool, ignore_case: bool, base: str) -> Any:
         """The trigram indexes of the packed subtrees below ``base``: (prefix -> (kind,
@@ -399,9 +400,13 @@ class View:
         prefix = f"{base}/" if base else ""
         if not complete and start is not None and prefix not in whole:
             out.extend(walk(start, prefix))
-        out.extend((p, v.digest) for p, v in overlay.items() if v is not None and p.startswith(prefix))
+        out.extend(self._written(prefix))
         out.sort()
         return out
+
+    def _written(self, prefix: str = "") -> list[tuple[str, Digest]]:
+        """(path, digest) of the files the overlay writes below ``prefix`` (any order)."""
+        return [(p, v.digest) for p, v in self._overlay.items() if v is not None and p.startswith(prefix)]
 
     def _prefetched(self, files: Iterator[tuple[str, Digest]], chunk: int = 256) -> Iterator[tuple[str, Any]]:
         """(path, read) pairs whose contents are fetched a chunk at a time in
