@@ -645,6 +645,63 @@ def test_a_tree_summary_lists_every_line_of_each_trigram_it_holds(units: list[di
             assert t.count(int(key)) is not None or not t.holds(int(key))
 
 
+def brute_unit_lines(files: dict[str, bytes], gram: bytes) -> dict[str, list[tuple[int, bytes]]] | None:
+    """What a unit table must hold for ``gram``: its lines (``brute_lines``), or None when
+    the module's limits leave the trigram out (a line too long or with a NUL, too many lines)."""
+    found = brute_lines(files, gram)
+    lines = [line for v in found.values() for _, line in v]
+    if (b"\n" in gram or len(lines) > lineindex_module.MAX_LINES_PER_TRIGRAM
+            or any(len(line) > lineindex_module.MAX_LINE or b"\x00" in line for line in lines)):
+        return None
+    return found
+
+
+unit_texts = st.lists(st.text(alphabet=st.sampled_from(list("aabbk\n \r.") + ["\u00c4", "\x00"]), max_size=30),
+                      min_size=1, max_size=4).map("\n".join).map(str.encode)
+
+
+@st.composite
+def unit_contents(draw: Any) -> bytes:
+    """Text files, some with a NUL byte past the binary sniff (searched, but its line is
+    never listed), some binary (NUL at the start), some shorter than a trigram."""
+    text = draw(unit_texts)
+    kind = draw(st.sampled_from(["text", "text", "late-nul", "binary", "tiny"]))
+    if kind == "late-nul":
+        return b"k" * 8200 + b"\n" + text
+    if kind == "binary":
+        return b"\x00" + text
+    if kind == "tiny":
+        return text[:2]
+    return text.replace(b"\x00", b"")
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, phases=[Phase.explicit, Phase.generate])
+@given(files=st.dictionaries(st.sampled_from(NAMES), unit_contents(), min_size=1, max_size=6),
+       limits=st.sampled_from([(1024, 256), (6, 2), (3, 1)]),
+       inline=st.sampled_from([(3, 12), (64, 4096), (1, 2)]))
+def test_a_unit_table_lists_exactly_the_lines_of_its_trigrams(
+        files: dict[str, bytes], limits: tuple[int, int], inline: tuple[int, int]) -> None:
+    """Pure: for every inline trigram of a pack index, its unit table lists exactly the lines
+    a scan finds, or leaves the trigram out exactly when a limit says so; it lists no other
+    trigram, and ``present`` holds every trigram of the index."""
+    listed = [(path, digest_of(data), data) for path, data in sorted(files.items())]
+    with ExitStack() as stack:
+        stack.enter_context(mock.patch.object(lineindex_module, "MAX_LINE", limits[0]))
+        stack.enter_context(mock.patch.object(lineindex_module, "MAX_LINES_PER_TRIGRAM", limits[1]))
+        built = searchindex_module.build_index_objects(listed, {}, inline_max=inline[0], inline_budget=inline[1])
+        assert built.lines is not None
+        table = lineindex_module.LineTable.decode(built.lines)
+        directory = searchindex_module.decode_index(built.directory)
+        assert isinstance(directory, IndexDirectory)
+        inline_keys = [int(k) for k in directory.inline[0]]
+        keys, _, _ = searchindex_module._table(listed)
+        assert [int(k) for k in table.present] == [int(k) for k in keys]
+        assert set(int(k) for k in table.keys) <= set(inline_keys)
+        for key in inline_keys:
+            gram = bytes(((key >> 16) & 255, (key >> 8) & 255, key & 255))
+            assert table.lines(key) == brute_unit_lines(files, gram), gram
+
+
 @st.composite
 def literal_queries(draw: Any, pool: list[str]) -> dict[str, Any]:
     line = draw(st.sampled_from(pool))

@@ -58,32 +58,6 @@ MAX_LINES_PER_TRIGRAM = 256
 SUMMARY_BUDGET = 128 * 1024  # bytes of lines a tree summary keeps at most (rarest trigrams first)
 
 
-def _trigram_bytes(key: int) -> bytes:
-    return bytes(((key >> 16) & 0xFF, (key >> 8) & 0xFF, key & 0xFF))
-
-
-def _lines_holding(data: bytes, lowered: bytes, gram: bytes) -> list[tuple[int, int, int]] | None:
-    """(line number, start, end) of every line of ``data`` whose lowercased bytes hold ``gram``,
-    ascending; None when one of them is too long or holds a NUL byte."""
-    out: list[tuple[int, int, int]] = []
-    at = lowered.find(gram)
-    line_no, counted = 1, 0
-    while at >= 0:
-        ls = data.rfind(b"\n", 0, at) + 1
-        le = data.find(b"\n", at)
-        if le < 0:
-            le = len(data)
-        if le - ls > MAX_LINE or data.find(b"\x00", ls, le) >= 0:
-            return None
-        line_no += data.count(b"\n", counted, ls)
-        counted = ls
-        out.append((line_no, ls, le))
-        if len(out) > MAX_LINES_PER_TRIGRAM:
-            return None
-        at = lowered.find(gram, le + 1) if le < len(data) else -1
-    return out
-
-
 def _starts(lengths: list[int]) -> np.ndarray:
     """Where each of consecutive items of ``lengths`` starts, and one more: the end (uint32)."""
     return np.append(0, np.cumsum(lengths, dtype=np.int64)).astype(np.uint32)
@@ -113,19 +87,26 @@ class _Writer:
 
     def encode(self, magic: bytes, present: np.ndarray) -> bytes:
         self.trigrams.sort()
-        keys = np.array([t for t, _ in self.trigrams], dtype=np.uint32)
-        offsets = _starts([len(refs) for _, refs in self.trigrams])
-        refs = np.array([r for _, rs in self.trigrams for r in rs], dtype=np.uint32)
-        rec = np.array([(p, n) for p, n, _ in self.records], dtype=np.uint32).reshape(len(self.records), 2)
-        starts = _starts([len(t) for _, _, t in self.records])
-        names = [p.encode("utf-8", "surrogatepass") for p in self.paths]
-        name_starts = _starts([len(n) for n in names])
-        header = orjson.dumps({"paths": len(names), "n": len(keys), "lines": len(self.records),
-                               "refs": len(refs), "present": len(present)})
-        body = b"".join([len(header).to_bytes(8, "big"), header, keys.tobytes(), offsets.tobytes(), refs.tobytes(),
-                         rec.tobytes(), starts.tobytes(), present.astype(np.uint32).tobytes(),
-                         name_starts.tobytes(), *names, *(t for _, _, t in self.records)])
-        return magic + zstandard.ZstdCompressor(level=3).compress(body)
+        return _encode(magic, np.array([t for t, _ in self.trigrams], dtype=np.uint32),
+                       _starts([len(refs) for _, refs in self.trigrams]),
+                       np.array([r for _, rs in self.trigrams for r in rs], dtype=np.uint32),
+                       np.array([(p, n) for p, n, _ in self.records], dtype=np.uint32),
+                       [t for _, _, t in self.records], self.paths, present)
+
+
+def _encode(magic: bytes, keys: np.ndarray, offsets: np.ndarray, refs: np.ndarray, records: np.ndarray,
+            texts: list[bytes], paths: list[str], present: np.ndarray) -> bytes:
+    """A table in the module docstring's format. ``records``: (path number, line number) per
+    line record, ``texts`` the records' lines; ``refs`` index records, ``offsets`` into ``refs``."""
+    names = [p.encode("utf-8", "surrogatepass") for p in paths]
+    header = orjson.dumps({"paths": len(names), "n": len(keys), "lines": len(texts),
+                           "refs": len(refs), "present": len(present)})
+    body = b"".join([len(header).to_bytes(8, "big"), header, keys.astype(np.uint32).tobytes(),
+                     offsets.astype(np.uint32).tobytes(), refs.astype(np.uint32).tobytes(),
+                     records.astype(np.uint32).reshape(len(texts), 2).tobytes(),
+                     _starts([len(t) for t in texts]).tobytes(), present.astype(np.uint32).tobytes(),
+                     _starts([len(n) for n in names]).tobytes(), *names, *texts])
+    return magic + zstandard.ZstdCompressor(level=3).compress(body)
 
 
 def build_unit_lines(files: list[tuple[str, str, bytes]], keys: np.ndarray, offsets: np.ndarray,
@@ -133,30 +114,82 @@ def build_unit_lines(files: list[tuple[str, str, bytes]], keys: np.ndarray, offs
     """The unit table of an index's ``files`` (relative path, digest, content): the lines of
     the trigrams ``lined`` (indexes into ``keys``, the index's inline trigrams) and every
     trigram of ``keys`` as present. ``keys``/``offsets``/``postings``: the index's whole
-    trigram table (``searchindex._table``)."""
-    w = _Writer()
-    lowered: dict[int, bytes] = {}
-    for i in lined:
-        gram = _trigram_bytes(int(keys[i]))
-        if b"\n" in gram:  # spans two lines: no literal within a line requires it
-            continue
-        found: list[tuple[str, int, bytes]] = []
-        for f in postings[offsets[i]:offsets[i + 1]]:
-            path, _, data = files[int(f)]
-            low = lowered.get(int(f))
-            if low is None:
-                low = lowered[int(f)] = data.lower()
-            spans = _lines_holding(data, low, gram)
-            if spans is None:
-                found = []
-                break
-            found += [(path, n, data[s:e]) for n, s, e in spans]
-            if len(found) > MAX_LINES_PER_TRIGRAM:
-                found = []
-                break
-        if found:
-            w.trigrams.append((int(keys[i]), [w.line(p, n, t) for p, n, t in found]))
-    return w.encode(UNIT_MAGIC, np.asarray(keys, dtype=np.uint32))
+    trigram table (``searchindex._table``).
+
+    Vectorised: one pass over the files that hold a lined trigram finds every
+    occurrence of one, then numpy groups them into lines and drops the trigrams
+    that break a limit -- no Python step per trigram or file (an import builds a
+    table per pack, beside the uploads)."""
+    keys = np.asarray(keys, dtype=np.uint32)
+    lined = np.asarray(lined, dtype=np.int64)
+    want = keys[lined]
+    # a trigram spanning a line end: no literal within a line requires it
+    spans = ((want >> 16) & 0xFF == 10) | ((want >> 8) & 0xFF == 10) | (want & 0xFF == 10)
+    lined, want = lined[~spans], want[~spans]
+    # the files that hold a lined trigram (text: a binary file holds none), concatenated
+    counts = np.diff(np.asarray(offsets, dtype=np.int64))
+    holders = np.zeros(len(counts), dtype=bool)
+    holders[lined] = True
+    chosen = np.unique(np.asarray(postings)[np.repeat(holders, counts)]).astype(np.int64)
+    datas = [files[int(f)][2] for f in chosen]
+    fstart = _starts([len(d) for d in datas]).astype(np.int64)
+    data = b"".join(datas)
+    lowered = np.frombuffer(data.lower(), dtype=np.uint8)
+    tid, owner, begin, end, line_no = _lines_of(lowered, fstart, want)
+    # a trigram with a line too long, a line with a NUL byte, or too many lines is left out
+    nul = np.flatnonzero(lowered == 0)
+    bad = (end - begin > MAX_LINE) | (np.searchsorted(nul, end) > np.searchsorted(nul, begin))
+    n_lines = np.bincount(tid, minlength=len(want))
+    keep = (n_lines <= MAX_LINES_PER_TRIGRAM) & (np.bincount(tid, weights=bad, minlength=len(want)) == 0)
+    kept = keep[tid]
+    owner, begin, end, line_no = owner[kept], begin[kept], end[kept], line_no[kept]
+    # line records: each (file, line) once, ascending; paths: the files with a record
+    line_key = owner << 32 | line_no
+    by_line = np.argsort(line_key, kind="stable")
+    new = np.ones(len(by_line), dtype=bool)
+    new[1:] = line_key[by_line][1:] != line_key[by_line][:-1]
+    refs = np.empty(len(by_line), dtype=np.int64)
+    refs[by_line] = np.cumsum(new) - 1
+    rec = by_line[new]  # an occurrence of each record
+    used, path_no = np.unique(owner[rec], return_inverse=True)
+    listed = np.flatnonzero(keep & (n_lines > 0))
+    return _encode(UNIT_MAGIC, want[listed], _starts(n_lines[listed].tolist()), refs,
+                   np.stack([path_no.ravel(), line_no[rec]], axis=1),
+                   [data[s:e] for s, e in zip(begin[rec].tolist(), end[rec].tolist())],
+                   [files[int(chosen[f])][0] for f in used], keys)
+
+
+def _lines_of(lowered: np.ndarray, fstart: np.ndarray, want: np.ndarray) -> tuple[np.ndarray, ...]:
+    """Every (trigram, line) where a trigram of ``want`` (ascending) occurs in the files
+    concatenated in ``lowered`` (file ``i`` at ``fstart[i]:fstart[i + 1]``), each once,
+    ordered by trigram and then position: (index into ``want``, file, line start, line end,
+    1-based line number), int64 arrays."""
+    if len(lowered) < 3 or not len(want):
+        return tuple(np.empty(0, dtype=np.int64) for _ in range(5))
+    # where a wanted trigram starts, and which: a table over all 2**24 trigrams
+    # (allocated lazily: only the pages of wanted trigrams are ever written)
+    tri = (lowered[:-2].astype(np.uint32) << 16) | (lowered[1:-1].astype(np.uint32) << 8) | lowered[2:]
+    which = np.zeros(1 << 24, dtype=np.uint16 if len(want) < 0xFFFF else np.uint32)
+    which[want] = np.arange(1, len(want) + 1)
+    found = which[tri]
+    del which, tri
+    pos = np.flatnonzero(found)
+    tid = found[pos].astype(np.int64) - 1
+    owner = np.searchsorted(fstart, pos, side="right") - 1
+    inside = pos + 2 < fstart[owner + 1]  # never across two files
+    pos, tid, owner = pos[inside], tid[inside], owner[inside]
+    # the line of each: bounded by newlines and by its file
+    nl = np.flatnonzero(lowered == 10)
+    k = np.searchsorted(nl, pos)
+    end = np.minimum(np.append(nl, len(lowered))[k], fstart[owner + 1])
+    begin = np.maximum(np.append(-1, nl)[k] + 1, fstart[owner])
+    line_no = k - np.searchsorted(nl, fstart[owner]) + 1
+    # positions come ascending: a stable sort by trigram keeps each trigram's in order
+    order = np.argsort(tid, kind="stable")
+    tid, owner, begin, end, line_no = tid[order], owner[order], begin[order], end[order], line_no[order]
+    first = np.ones(len(tid), dtype=bool)
+    first[1:] = (tid[1:] != tid[:-1]) | (begin[1:] != begin[:-1])
+    return tid[first], owner[first], begin[first], end[first], line_no[first]
 
 
 @dataclass

@@ -71,7 +71,7 @@ _MAGIC2 = b"DSIDX2\n"
 _SHARD_MAGIC = b"DSIXS2\n"
 INLINE_MAX = 64  # a trigram in at most this many files may be inline in the directory
 INLINE_BUDGET = 4096  # inline postings per directory, rarest trigrams first (keeps the directory small)
-SHARD_POSTINGS = 32768  # postings per shard (a trigram with more is a shard alone)
+SHARD_POSTINGS = 131072  # postings per shard (a trigram with more is a shard alone)
 MAX_SHARDS_PER_QUERY = 2  # shards one query alternative fetches at most (the smallest)
 _SNIFF = 8192  # a file with a NUL in its first 8 KiB is binary (the search skips it)
 
@@ -94,12 +94,14 @@ _BATCH = 1 << 22  # bytes of text per vectorised pass
 
 def _by_trigram(tri: np.ndarray) -> np.ndarray:
     """The permutation that orders 24-bit trigrams ascending, equal ones kept in their
-    order (stable): two passes of a radix sort, 12 bits each. numpy sorts 16-bit keys
-    by radix in linear time, wider ones by comparison: for the 2.7 million trigrams of
-    2,500 files of 1 KiB, a sort of 64-bit (file, trigram) keys took 161 ms here, these
-    two passes with their gathers 107 ms, and the table then needs no second sort."""
-    low = np.argsort((tri & 0xFFF).astype(np.uint16), kind="stable")
-    return low[np.argsort((tri[low] >> 12).astype(np.uint16), kind="stable")]
+    order (stable): a radix sort in two stable passes, by the low byte (uint8) and then
+    the high 16 bits (uint16). numpy sorts keys of 16 bits or fewer by radix (one pass
+    per byte) in linear time, wider ones by comparison: for the 2.7 million trigrams of
+    2,500 files of 1 KiB, a sort of 64-bit (file, trigram) keys took 161 ms here, two
+    passes of 12 bits with their gathers 107 ms (four byte passes); the table then needs
+    no second sort. For a pack's 800,000 trigrams: two 12-bit passes 20.7 ms, these 19.1."""
+    low = np.argsort((tri & 0xFF).astype(np.uint8), kind="stable")
+    return low[np.argsort((tri[low] >> 8).astype(np.uint16), kind="stable")]
 
 
 def _pairs(texts: list[bytes], first: int) -> tuple[np.ndarray, np.ndarray]:
