@@ -95,6 +95,7 @@ class Backends:
         self._uploads.shutdown(wait=True)
         self._reads.shutdown(wait=True)
         self.events.close()
+        self.group_commit.close()
         if self.autocommit is not self.engine:
             self.autocommit.dispose()
         self.engine.dispose()

@@ -19,19 +19,25 @@ from sqlalchemy.engine import Engine, make_url
 from ..errors import BackendUnavailable, ConfigInvalid
 from ..validation import dump_json
 
-__all__ = ["create_db_engine", "is_sqlite"]
+__all__ = ["create_db_engine", "is_sqlite", "server_closed"]
 
 
 def is_sqlite(engine: Engine) -> bool:
     return engine.dialect.name == "sqlite"
 
 
-def _readable(dbapi_conn: Any) -> bool:
+def server_closed(dbapi_conn: Any) -> bool:
+    """Whether an idle connection has something to read: the server's goodbye or EOF
+    (an idle live connection has nothing). No round trip: one ``poll`` call."""
     try:
         fd = dbapi_conn.fileno()
     except Exception:  # closed or broken: certainly dead
         return True
     try:
+        if hasattr(select, "poll"):
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
+            return bool(poller.poll(0))  # readable, hung up or in error
         ready, _, _ = select.select([fd], [], [], 0)
     except (OSError, ValueError):
         return True
@@ -100,7 +106,7 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
             # pg_terminate_backend, an idle timeout) has something to read: the server's
             # goodbye, or EOF. An idle live one has nothing. Found here, the pool replaces it
             # instead of failing the caller's operation: a pre-ping without the round trip.
-            if _readable(dbapi_conn):
+            if server_closed(dbapi_conn):
                 raise sa.exc.DisconnectionError("the server closed this pooled connection")
 
         return engine

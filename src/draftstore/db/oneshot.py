@@ -40,25 +40,32 @@ class OneShot:
         return cur.fetchone() if cur.description else None, cur.rowcount
 
     def run(self, params: dict[str, Any]) -> tuple[Any | None, int]:
-        """Execute; returns (first row or None, rowcount)."""
+        """Execute on a connection of the pool; returns (first row or None, rowcount)."""
         if not self.raw:
             with self.engine.begin() as conn:
                 res = conn.execute(self.stmt, params)
                 row = res.first() if res.returns_rows else None
                 return row, res.rowcount
+        conn = self.engine.raw_connection()
+        try:
+            return self.run_on(conn, params)
+        except sa.exc.OperationalError:
+            conn.invalidate()  # a broken connection must not go back to the pool
+            raise
+        finally:
+            conn.close()
+
+    def run_on(self, conn: Any, params: dict[str, Any]) -> tuple[Any | None, int]:
+        """PostgreSQL: execute on ``conn``, a pooled connection the caller checked out
+        (and gives back, or invalidates after an ``OperationalError``)."""
         import psycopg
 
-        conn = self.engine.raw_connection()
         try:
             with conn.cursor() as cur:
                 self.send(cur, params)
                 return self.outcome(cur)
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
-                conn.invalidate()  # a broken connection must not go back to the pool
             raise wrap_driver_error(exc, self.sql, params) from exc
-        finally:
-            conn.close()
 
 
 def wrap_driver_error(exc: Exception, sql: str, params: dict[str, Any]) -> sa.exc.DBAPIError:
