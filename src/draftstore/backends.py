@@ -108,14 +108,18 @@ class Backends:
         """The database boundary (see the module docstring)."""
         try:
             yield
-        except (sa_exc.OperationalError, sa_exc.InterfaceError) as exc:
-            if self.sqlite and "database is locked" in str(exc.orig):
-                # another process held the embedded database past the busy timeout
-                raise E.DraftBusy("the embedded database is busy (another process is writing): retry",
-                                  reason="database is locked") from exc
-            raise E.BackendUnavailable(f"database error: {exc.orig}") from exc
-        except sa_exc.DataError as exc:
-            raise E.InvalidInput(f"the database refused a value: {exc.orig}") from exc
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DataError) as exc:
+            raise self._typed(exc) from exc
+
+    def _typed(self, exc: sa_exc.DBAPIError) -> E.DraftstoreError:
+        """The typed error of a driver error ``db_errors`` maps."""
+        if isinstance(exc, sa_exc.DataError):
+            return E.InvalidInput(f"the database refused a value: {exc.orig}")
+        if self.sqlite and "database is locked" in str(exc.orig):
+            # another process held the embedded database past the busy timeout
+            return E.DraftBusy("the embedded database is busy (another process is writing): retry",
+                               reason="database is locked")
+        return E.BackendUnavailable(f"database error: {exc.orig}")
 
     @contextmanager
     def tx(self, *, read_only: bool = False) -> Iterator[Connection]:
@@ -148,8 +152,14 @@ class Backends:
     def run(self, stmt: OneShot, params: dict[str, Any], key: tuple[Any, ...] = ()) -> tuple[Any | None, int]:
         """Run a one-shot statement, committed (grouped with concurrent ones: ``GroupCommit``,
         which orders a group by ``key``); returns (first row or None, rowcount)."""
-        with self.activity.running(), self.db_errors():
+        # ``activity.running()`` and ``db_errors()`` spelt out: the tool-call records' path
+        self.activity.enter()
+        try:
             return self.group_commit.run(stmt, params, key)
+        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DataError) as exc:
+            raise self._typed(exc) from exc
+        finally:
+            self.activity.leave()
 
     def for_update(self, stmt: sa.Select, of: Any = None) -> sa.Select:
         """``SELECT ... FOR NO KEY UPDATE`` where rows can be locked (SQLite's BEGIN

@@ -137,6 +137,19 @@ class GroupCommit:
         call = _Call(stmt, params, key)
         cond = self._cond
         with cond:
+            if not self._leading and not self._waiting:  # nothing runs or waits: run at once, alone
+                self._leading = True
+                cond.release()
+                try:
+                    self._alone(call)
+                finally:
+                    cond.acquire()
+                    self._leading = False
+                    if self._waiting:
+                        cond.notify_all()
+                if call.error is not None:
+                    raise call.error
+                return call.outcome
             self._waiting.append(call)
             while not call.done:
                 if self._leading:
