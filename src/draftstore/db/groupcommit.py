@@ -137,39 +137,36 @@ class GroupCommit:
         call = _Call(stmt, params, key)
         cond = self._cond
         with cond:
-            if not self._leading and not self._waiting:  # nothing runs or waits: run at once, alone
-                self._leading = True
-                cond.release()
-                try:
-                    self._alone(call)
-                finally:
-                    cond.acquire()
-                    self._leading = False
-                    if self._waiting:
-                        cond.notify_all()
-                if call.error is not None:
-                    raise call.error
-                return call.outcome
-            self._waiting.append(call)
+            if not self._leading and not self._waiting:
+                self._lead([call])  # nothing runs or waits: at once, alone, without queueing
+            else:
+                self._waiting.append(call)
             while not call.done:
                 if self._leading:
                     cond.wait()
                     continue
-                self._leading = True
                 group = self._waiting[: self.max_group]
                 del self._waiting[: self.max_group]
-                cond.release()
-                try:
-                    self._execute(group)
-                finally:
-                    cond.acquire()
-                    self._leading = False
-                    for c in group:
-                        c.done = True
-                    cond.notify_all()
+                self._lead(group)
         if call.error is not None:
             raise call.error
         return call.outcome
+
+    def _lead(self, group: list[_Call]) -> None:
+        """Run ``group`` as the leader: called, and returns, holding ``_cond``, which
+        is released meanwhile; marks every call done and wakes the waiters."""
+        cond = self._cond
+        self._leading = True
+        cond.release()
+        try:
+            self._execute(group)
+        finally:
+            cond.acquire()
+            self._leading = False
+            for c in group:
+                c.done = True
+            if len(group) > 1 or self._waiting:  # a group of one is its leader's own call
+                cond.notify_all()
 
     def _execute(self, group: list[_Call]) -> None:
         """Run ``group`` and record each call's outcome or error; never raises."""
