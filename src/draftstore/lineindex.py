@@ -48,7 +48,7 @@ import zstandard
 
 from .errors import IntegrityError
 
-__all__ = ["LineTable", "build_unit_lines", "build_summary", "MAX_LINE", "MAX_LINES_PER_TRIGRAM",
+__all__ = ["LineTable", "build_unit_lines", "build_summary", "trigram_keys", "MAX_LINE", "MAX_LINES_PER_TRIGRAM",
            "SUMMARY_BUDGET", "UNIT_MAGIC", "SUMMARY_MAGIC"]
 
 UNIT_MAGIC = b"DSLIN1\n"
@@ -56,6 +56,14 @@ SUMMARY_MAGIC = b"DSSUM1\n"
 MAX_LINE = 1024  # bytes: a trigram with a longer line is not kept (a minified file's lines)
 MAX_LINES_PER_TRIGRAM = 256
 SUMMARY_BUDGET = 128 * 1024  # bytes of lines a tree summary keeps at most (rarest trigrams first)
+
+
+def trigram_keys(lowered: np.ndarray) -> np.ndarray:
+    """The trigram starting at each position of ``lowered`` (ASCII-lowercased bytes, uint8)
+    but the last two, as a 24-bit key (uint32): the one encoding of the search index
+    (``searchindex``) and of these tables, whose keys must match it."""
+    wide = lowered.astype(np.uint32)  # 32-bit arithmetic: half the memory traffic of 64 bits
+    return (wide[:-2] << 16) | (wide[1:-1] << 8) | wide[2:]
 
 
 def _starts(lengths: list[int]) -> np.ndarray:
@@ -168,7 +176,7 @@ def _lines_of(lowered: np.ndarray, fstart: np.ndarray, want: np.ndarray) -> tupl
         return tuple(np.empty(0, dtype=np.int64) for _ in range(5))
     # where a wanted trigram starts, and which: a table over all 2**24 trigrams
     # (allocated lazily: only the pages of wanted trigrams are ever written)
-    tri = (lowered[:-2].astype(np.uint32) << 16) | (lowered[1:-1].astype(np.uint32) << 8) | lowered[2:]
+    tri = trigram_keys(lowered)
     which = np.zeros(1 << 24, dtype=np.uint16 if len(want) < 0xFFFF else np.uint32)
     which[want] = np.arange(1, len(want) + 1)
     found = which[tri]
