@@ -48,6 +48,10 @@ R = TypeVar("R")
 _READERS = 8  # threads of the read pool (``in_parallel``)
 
 
+# the driver errors the database boundary turns into typed errors (``Backends._typed``)
+_MAPPED = (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DataError)
+
+
 class Backends:
     """Engine + blob store + coordinator, with the plumbing every component shares.
 
@@ -108,7 +112,7 @@ class Backends:
         """The database boundary (see the module docstring)."""
         try:
             yield
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DataError) as exc:
+        except _MAPPED as exc:
             raise self._typed(exc) from exc
 
     def _typed(self, exc: sa_exc.DBAPIError) -> E.DraftstoreError:
@@ -156,7 +160,7 @@ class Backends:
         self.activity.enter()
         try:
             return self.group_commit.run(stmt, params, key)
-        except (sa_exc.OperationalError, sa_exc.InterfaceError, sa_exc.DataError) as exc:
+        except _MAPPED as exc:
             raise self._typed(exc) from exc
         finally:
             self.activity.leave()
