@@ -20,7 +20,7 @@ from .. import __version__
 from ..heap import tune_collector
 from ..mcpserver import mcp_http_app
 from ..store import Store
-from . import admin, errors, fastlane
+from . import admin, errors, fastlane, openapi
 from .auth import Authenticator, TurnProjects
 from .threads import set_turn_threads
 from .routes import health, projects, snapshots, states, streams, tokens, turns
@@ -79,6 +79,7 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
     routers = [m.router for m in (health, turns, projects, states, streams, snapshots, tokens)]
     for router in routers:
         app.include_router(router)
+    openapi.install(app, routers)  # /openapi.json as the contract (openapi.py)
     app.include_router(admin.router)  # the admin web page at /admin (not in the OpenAPI document)
     if fast_lane:  # the agent's hottest requests, served in front of FastAPI's stack (fastlane.py)
         app.fast_lane = fastlane.build(app, routers)

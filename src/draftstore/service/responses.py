@@ -1,4 +1,10 @@
-"""JSON responses: records (dataclasses, enums, datetimes) serialised by orjson."""
+"""JSON responses: records (dataclasses, enums, datetimes) serialised by orjson.
+
+``JSON`` is a ``JSONResponse`` so that FastAPI documents a route's
+``response_model`` for it in ``/openapi.json``; a route returns a built
+``JSON``, so FastAPI never validates or re-serialises the answer (the model is
+documentation, orjson does the work).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +12,7 @@ import json
 from typing import Any
 
 import orjson
-from starlette.responses import Response
+from starlette.responses import JSONResponse
 
 from ..records import json_default
 
@@ -22,7 +28,7 @@ def dumps(value: Any) -> bytes:
         return json.dumps(value, default=json_default, separators=(",", ":"), allow_nan=False).encode()
 
 
-class JSON(Response):
+class JSON(JSONResponse):
     """A JSON response of any record, list or dict (no per-field validation: the
     library's records are already exactly what the API documents)."""
 

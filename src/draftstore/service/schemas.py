@@ -1,6 +1,9 @@
 """Request bodies (and the answers that are not a library record). Field names are
 the Python API's parameter names.
 
+The answer models here document ``/openapi.json`` (``service/openapi.py``); the
+routes send the same shapes built as dicts or records, unvalidated (``responses.py``).
+
 JSON values (messages, args, results, errors, patches, characters) are
 ``Any``: the library checks them. File contents in JSON travel base64-encoded.
 Unknown fields are refused, so a misspelt field is an error, not a no-op.
@@ -17,7 +20,7 @@ from fastapi import Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from .. import errors as E
-from ..records import Draft, Project, Version
+from ..records import Draft, Project, Token, Turn, Version
 from ..search import SearchResult
 
 # the query parameters of every paged list
@@ -27,7 +30,8 @@ Limit = Annotated[int | None, Query(ge=1, le=200)]
 __all__ = [
     "CreateProject", "StartTurn", "Complete", "Interrupt", "Fail", "ToolStart", "ToolComplete", "ToolFail",
     "Approval", "Changes", "Move", "Patch", "Delta", "Publish", "Rollback", "Fork", "CreateToken", "Actor",
-    "Whoami", "SearchPage", "ProjectDetail", "decode_files",
+    "Whoami", "SearchPage", "ProjectDetail", "TurnDetail", "NewToken", "ViewState", "PathPage", "Event",
+    "EventPage", "Health", "Readiness", "Error", "decode_files",
 ]
 
 
@@ -135,6 +139,67 @@ class Whoami(BaseModel):
     open_mode: bool = Field(..., description="true: no token exists, the service answers loopback clients as admins")
 
 
+class Error(BaseModel):
+    """The body of every error answer (``service/errors.py``), whatever its status."""
+
+    code: str = Field(..., description="the library's stable error code, e.g. turn.not_running (README: Errors)")
+    message: str = Field(..., description="what went wrong, for a person")
+    details: dict[str, Any] = Field(..., description="the error's fields (ids, limits, the invalid fields)")
+    retryable: bool = Field(..., description="true: the same request may succeed later unchanged")
+
+
+class ViewState(BaseModel):
+    """Which state a view reads (``GET /v1/projects/{project_id}/view``)."""
+
+    project_id: str
+    kind: Literal["draft", "version", "empty"] = Field(..., description="empty: no version and no draft yet")
+    root: str = Field(..., description="the digest of the code tree's root")
+    version_id: str | None
+    draft_id: str | None
+    revision: int | None = Field(..., description="the draft's revision (null for a version)")
+    characters: Any
+    world_settings: Any
+
+
+class PathPage(BaseModel):
+    """Paths matching a glob, sorted; ``next_cursor`` (while ``truncated``) reads the next ones."""
+
+    paths: list[str]
+    truncated: bool
+    next_cursor: str | None
+
+
+class Event(BaseModel):
+    id: str = Field(..., description="<epoch>:<n>, what ``after`` and Last-Event-ID take back")
+    type: str
+    data: Any
+
+
+class EventPage(BaseModel):
+    """One page of a stream's buffered events (``Accept: application/json``)."""
+
+    events: list[Event]
+    epoch: str | None = Field(..., description="the buffer's identity")
+    has_more_before: bool
+    has_more_after: bool
+    next_after: str = Field(..., description="``after`` for the next page forwards")
+    next_before: int = Field(..., description="``before`` for the next page backwards")
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    """Each backend's check (``ok`` or why it is down); a 503 also names the ones that are down."""
+
+    status: Literal["ready", "unavailable"]
+    checks: dict[str, str]
+    code: str | None = None
+    message: str | None = None
+    details: dict[str, str] | None = None
+
+
 def decode_files(files: dict[str, str | None], field: str) -> dict[str, bytes | None]:
     """Base64 contents -> bytes (None stays a deletion). Raises ``input.invalid``."""
     out: dict[str, bytes | None] = {}
@@ -167,3 +232,18 @@ class ProjectDetail(Project):
 
     head: Version | None = None
     draft: Draft | None = None
+
+
+@dataclass(frozen=True)
+class TurnDetail(Turn):
+    """A turn with the first page of its tool calls; ``tool_calls_next_cursor`` reads the
+    rest through ``GET /v1/turns/{turn_id}/tool-calls``."""
+
+    tool_calls_next_cursor: str | None = None
+
+
+@dataclass(frozen=True)
+class NewToken(Token):
+    """A token just created: its record and ``token``, the secret, shown only in this answer."""
+
+    token: str = ""

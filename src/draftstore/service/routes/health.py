@@ -7,17 +7,19 @@ from ..threads import run_sync
 
 from ..auth import StoreDep
 from ..responses import JSON
+from ..schemas import Health, Readiness
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", response_class=JSON)
+@router.get("/healthz", response_model=Health, response_class=JSON)
 async def healthz() -> JSON:
     """The process is up."""
     return JSON({"status": "ok"})
 
 
-@router.get("/readyz", response_class=JSON)
+@router.get("/readyz", response_model=Readiness, response_class=JSON,
+            responses={503: {"model": Readiness, "description": "a backend is down"}})
 async def readyz(store: StoreDep) -> JSON:
     """Each backend checked; 503 names the ones that are down."""
     checks = await run_sync(store.check_backends)

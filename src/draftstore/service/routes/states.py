@@ -19,7 +19,7 @@ from ...store import Store
 from ...view import DirEntry, FileStat, PathList, View
 from ..auth import ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Cursor, Limit, SearchPage
+from ..schemas import Cursor, Limit, PathPage, SearchPage, ViewState
 
 router = APIRouter(prefix="/v1/projects/{project_id}/view", tags=["view"])
 
@@ -59,14 +59,14 @@ def _state(view: View) -> dict[str, Any]:
             "world_settings": view.world_settings}
 
 
-@router.get("", response_class=JSON)
+@router.get("", response_model=ViewState, response_class=JSON)
 def state(project_id: str, store: StoreDep, at: At = "draft", principal: Principal = Allow(*ANY)) -> JSON:
     """Which state this is (kind, root, ids) with its characters and world settings."""
     return JSON(_state(_view(store, principal, project_id, at)))
 
 
 @router.get("/files/{path:path}", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+            responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
 def read_file(project_id: str, path: str, store: StoreDep, at: At = "draft",
               principal: Principal = Allow(*ANY)) -> Response:
     view = _view(store, principal, project_id, at)
@@ -87,7 +87,7 @@ def list_dir(project_id: str, store: StoreDep, dir: str = "", at: At = "draft", 
     return JSON(_view(store, principal, project_id, at).page_dir(dir, cursor, limit))
 
 
-@router.get("/find", response_class=JSON)
+@router.get("/find", response_model=PathPage, response_class=JSON)
 def find_files(project_id: str, store: StoreDep, glob: str = "**",
                limit: Annotated[int, Query(ge=1, le=10_000)] = 1000, at: At = "draft", cursor: Cursor = None,
                principal: Principal = Allow(*ANY)) -> JSON:

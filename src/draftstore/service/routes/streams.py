@@ -56,6 +56,7 @@ from ...records import Role, TurnStatus
 from ...store import Store
 from ..auth import AGENT, ANY, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON, dumps
+from ..schemas import EventPage
 
 router = APIRouter(prefix="/v1", tags=["events"])
 
@@ -266,6 +267,8 @@ def _wants_json(request: Request) -> bool:
 
 
 Limit = Annotated[int, Query(ge=1, le=1000)]
+# the SSE stream beside the JSON page (the model): one operation, two media types
+EVENTS: dict[int | str, Any] = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 AccessToken = Annotated[str | None, Query(description=(
     "the bearer token, for a client that cannot send an Authorization header (a browser's EventSource); "
     "a token in a URL can end up in a proxy's logs: prefer the header"))]
@@ -276,7 +279,7 @@ LastEventId = Annotated[str | None, Header(alias="Last-Event-ID", description=(
     "the stream continues after it"))]
 
 
-@router.get("/turns/{turn_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+@router.get("/turns/{turn_id}/events", response_model=EventPage, responses=EVENTS)
 async def turn_events(turn_id: str, request: Request, store: StoreDep,
                       after: After = None,
                       before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
@@ -293,7 +296,7 @@ async def turn_events(turn_id: str, request: Request, store: StoreDep,
     return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None, turn_ended=ended), position)
 
 
-@router.get("/projects/{project_id}/events", responses={200: {"content": {"text/event-stream": {}}}})
+@router.get("/projects/{project_id}/events", response_model=EventPage, responses=EVENTS)
 async def project_events(project_id: str, request: Request, store: StoreDep,
                          after: After = None,
                          before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,

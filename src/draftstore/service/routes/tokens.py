@@ -12,7 +12,7 @@ from ... import errors as E
 from ...records import Page, Token
 from ..auth import ADMIN, ANY, Allow, Principal, StoreDep
 from ..responses import JSON
-from ..schemas import CreateToken, Whoami
+from ..schemas import CreateToken, NewToken, Whoami
 
 router = APIRouter(prefix="/v1", tags=["tokens"])
 
@@ -29,7 +29,7 @@ def _global_admin(principal: Principal) -> None:
         raise E.Forbidden("only an admin token of every project manages tokens")
 
 
-@router.post("/tokens", status_code=201, response_class=JSON)
+@router.post("/tokens", status_code=201, response_model=NewToken, response_class=JSON)
 def create_token(body: CreateToken, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
     """A new token; ``token`` is its secret, shown only in this answer."""
     _global_admin(principal)

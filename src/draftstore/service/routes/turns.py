@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any
 
 from fastapi import APIRouter, Request
+from pydantic import JsonValue
 from ..threads import run_sync
 from starlette.responses import Response
 
@@ -14,7 +15,7 @@ from ...records import Draft, Page, ToolCall, Turn
 from ..auth import AGENT, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON
 from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
-                       ToolFail, ToolStart, decode_files)
+                       ToolFail, ToolStart, TurnDetail, decode_files)
 from .projects import Cursor, Limit, Order
 
 router = APIRouter(prefix="/v1", tags=["turns"])
@@ -149,7 +150,7 @@ def list_turns(project_id: str, store: StoreDep, cursor: Cursor = None, limit: L
     return JSON(Page([_summary(t) for t in page.items], page.next_cursor))
 
 
-@router.get("/turns/{turn_id}", response_class=JSON)
+@router.get("/turns/{turn_id}", response_model=TurnDetail, response_class=JSON)
 def get_turn(turn_id: str, request: Request, store: StoreDep, tool_calls_limit: Limit = None,
              principal: Principal = Allow(*AGENT)) -> JSON:
     """The turn, with the first page of its tool calls (``tool_calls_next_cursor``
@@ -205,7 +206,7 @@ def cancel(turn_id: str, request: Request, store: StoreDep, principal: Principal
     return _ended(store.cancel_turn(turn_id))
 
 
-@router.patch("/turns/{turn_id}/characters", response_class=JSON)
+@router.patch("/turns/{turn_id}/characters", response_model=JsonValue, response_class=JSON)
 def patch_characters(turn_id: str, body: Patch, request: Request, store: StoreDep,
                      principal: Principal = Allow(*AGENT)) -> JSON:
     """Returns the new characters."""
@@ -213,7 +214,7 @@ def patch_characters(turn_id: str, body: Patch, request: Request, store: StoreDe
     return JSON(store.patch_characters(turn_id, body.patch))
 
 
-@router.patch("/turns/{turn_id}/world-settings", response_class=JSON)
+@router.patch("/turns/{turn_id}/world-settings", response_model=JsonValue, response_class=JSON)
 def patch_world_settings(turn_id: str, body: Patch, request: Request, store: StoreDep,
                          principal: Principal = Allow(*AGENT)) -> JSON:
     """Returns the new world settings."""
