@@ -4,7 +4,9 @@ The same sequence of requests (valid ones, and every kind of bad input,
 token and state) goes to an app with the fast lane and to one without, each
 on its own project of one store; the answers must be equal once each app's
 own ids are named alike. The fast lane must also have served the valid
-requests itself (else this would compare FastAPI with itself).
+requests itself (else this would compare FastAPI with itself). Every answer
+is one ``/openapi.json`` documents: its status is listed for the operation
+and its body is valid for the schema given there (the typed client's models).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import jsonschema
 from starlette.testclient import TestClient
 
 from fastapi import FastAPI
@@ -118,8 +121,41 @@ def _answer(response: Any, names: dict[str, str]) -> tuple[int, Any]:
     return response.status_code, body
 
 
+def _operation(doc: dict[str, Any], method: str, url: str) -> dict[str, Any] | None:
+    """The operation of the document that ``method`` ``url`` is a request of (None: no such operation)."""
+    path = url.partition("?")[0]
+    for template, ops in doc["paths"].items():
+        pattern = re.sub(r"\\{(\w+)\\}", lambda m: ".+" if m.group(1) == "path" else "[^/]+", re.escape(template))
+        if re.fullmatch(pattern, path) and method.lower() in ops:
+            return ops[method.lower()]
+    return None
+
+
+def _undocumented(doc: dict[str, Any], method: str, url: str, response: Any) -> str | None:
+    """Why ``response`` is not an answer the document describes for the request (None: it is)."""
+    op = _operation(doc, method, url)
+    if op is None:  # a method the route does not have: not an operation of the contract
+        return None
+    documented = op["responses"].get(str(response.status_code))
+    if documented is None:
+        return f"{method} {url}: {response.status_code} is not documented"
+    content = documented.get("content", {})
+    if not content:
+        return None if not response.content else f"{method} {url}: a body where the document has none"
+    media = response.headers["content-type"].partition(";")[0]
+    if media not in content:
+        return f"{method} {url}: {media} is not documented for {response.status_code}"
+    if media == "application/json":
+        try:
+            jsonschema.validate(response.json(), {**content[media]["schema"], "components": doc["components"]})
+        except jsonschema.ValidationError as exc:
+            return f"{method} {url}: {response.status_code} body is not the documented schema: {exc.message}"
+    return None
+
+
 def test_the_fast_lane_answers_what_fastapi_answers(store: Store) -> None:
     answers = []
+    undocumented: list[str] = []
     served: Counter[str] = Counter()
     for fast in (False, True):
         app = create_app(store, fast_lane=fast)
@@ -135,16 +171,20 @@ def test_the_fast_lane_answers_what_fastapi_answers(store: Store) -> None:
                   "admin": store.tokens.create("admin")[1]}
         names = {tid: "<turn>", other_tid: "<other-turn>", pid: "<project>", other: "<other-project>"}
         got = []
+        doc = app.openapi()
         with TestClient(app, raise_server_exceptions=False) as client:
             for method, url, body, headers in _requests(pid, tid, other_tid, tokens):
-                got.append(((method, url.replace(tid, "<turn>").replace(pid, "<project>")),
-                            _answer(client.request(method, url, content=body, headers=headers), names)))
+                response = client.request(method, url, content=body, headers=headers)
+                got.append(((method, url.replace(tid, "<turn>").replace(pid, "<project>")), _answer(response, names)))
+                if (why := _undocumented(doc, method, url, response)) is not None:
+                    undocumented.append(why)
         answers.append(got)
     slow, fast_ = answers
     assert len(slow) == len(fast_) > 150
     for (what, a), (_, b) in zip(slow, fast_):
         assert a == b, what
         assert a[0] < 500, what
+    assert not undocumented, "\n".join(undocumented)
     statuses = Counter(status for _, (status, _) in slow)
     assert {200, 201, 204, 401, 403, 404, 405, 409, 422} <= set(statuses), statuses
     # the fast lane served the valid requests of each hot route itself
