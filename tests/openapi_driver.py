@@ -89,3 +89,4 @@ def drive(base_url: str, token: str) -> None:
         missing = projects_get.sync("no-such-project", client=client)
         assert isinstance(missing, Error) and missing.code == "project.not_found", missing
         assert missing.details.additional_properties == {"project_id": "no-such-project"}
+        assert not missing.additional_properties  # the body on the wire is exactly the documented Error

@@ -6,13 +6,17 @@ document without a warning, ``mypy --strict`` accepts a driver written against
 the generated package (``tests/openapi_driver.py``: answers are ``Project``,
 ``Turn``, ``ToolCall``, ``Version``, ``Error``, not ``str``), and the driver
 runs a project's lifecycle against the real service (uvicorn in a subprocess,
-``service_fixtures.py``), each answer parsed by the generated models.
+``service_fixtures.py``), each answer parsed by the generated models. The
+document itself states what a client relies on: a model for every success,
+the one ``Error`` schema for every error status, the bearer scheme, readable
+operation ids and one name per schema.
 """
 
 from __future__ import annotations
 
 import importlib
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +25,8 @@ from typing import Any
 import httpx
 import pytest
 
+from draftstore.service import errors
+from draftstore.service.app import create_app
 from service_fixtures import Service
 
 DRIVER = Path(__file__).with_name("openapi_driver.py")
@@ -52,6 +58,44 @@ def type_check(into: Path) -> str:
                                                                                       "PATH": "/usr/bin:/bin"})
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout
+
+
+def test_the_document_states_every_answer_the_bearer_scheme_and_readable_names() -> None:
+    doc = create_app().openapi()  # the document the app serves (no store is opened for this)
+    schemas = doc["components"]["schemas"]
+    sent = json.loads(errors.error_response(409, "turn.not_running", "m", {"turn_id": "t"}).body)
+    assert set(schemas["Error"]["required"]) == set(schemas["Error"]["properties"]) == set(sent)
+    (name, bearer), = doc["components"]["securitySchemes"].items()
+    assert (name, bearer["type"], bearer["scheme"]) == ("bearer", "http", "bearer")
+    assert all(name == schema["title"] for name, schema in schemas.items())  # generators name models by title
+    assert "HTTPValidationError" not in schemas and not [n for n in schemas if n.startswith("Page")]
+
+    ids = []
+    for path, ops in doc["paths"].items():
+        for method, op in ops.items():
+            where = f"{method.upper()} {path}"
+            ids.append(op["operationId"])
+            open_route = path in ("/healthz", "/readyz")
+            assert op.get("security") == (None if open_route else [{"bearer": []}]), where
+            (status, success), = [(s, r) for s, r in op["responses"].items() if s.startswith("2")]
+            content = success.get("content", {})
+            if status == "204":
+                assert not content, where
+            elif "application/octet-stream" in content:
+                assert content["application/octet-stream"]["schema"] == {"type": "string", "format": "binary"}
+            else:
+                assert content["application/json"]["schema"]["$ref"].startswith("#/components/schemas/"), where
+            failures = {s: r for s, r in op["responses"].items() if s >= "400"}
+            assert open_route or {"401", "403", "500", "503"} <= set(failures), where
+            if "requestBody" in op:
+                assert {"413", "422"} <= set(failures), where
+            for s, r in failures.items():
+                ref = r["content"]["application/json"]["schema"]["$ref"]
+                assert ref == "#/components/schemas/" + ("Readiness" if path == "/readyz" else "Error"), (where, s)
+    assert len(ids) == len(set(ids)) >= 48
+    assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", i) for i in ids), ids
+    assert {"turns_start", "tool_calls_start", "tool_calls_complete", "projects_create", "projects_publish",
+            "projects_rollback", "versions_list"} <= set(ids)
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

@@ -18,7 +18,8 @@ request):
 Which errors an operation documents follows from what it does (``_errors``):
 any route that checks a token can answer 401 and 403 and reaches the
 backends (500, 502, 503); a route with parameters or a body 422; a path
-naming a resource 404; a write 409; a request body 413 (the body limit).
+naming a resource 404 (and ``NOT_FOUND_TOO``, whose body names one); a write
+409; a request body 413 (the body limit).
 """
 
 from __future__ import annotations
@@ -59,6 +60,9 @@ OPERATION_IDS = {
     "whoami": "whoami", "create_token": "tokens_create", "list_tokens": "tokens_list",
     "revoke_token": "tokens_revoke",
 }
+
+# operations without a resource in their path that still answer 404: the body names a resource
+NOT_FOUND_TOO = {"tokens_create"}  # a token scoped to a project that does not exist
 
 ERROR_STATUSES = {
     401: "no token, or not a valid one (auth.required, auth.invalid)",
@@ -139,7 +143,7 @@ def _errors(method: str, path: str, op: dict[str, Any], secured: bool) -> list[i
     statuses = {401, 403, 500, 502, 503}
     if op.get("parameters") or "requestBody" in op:
         statuses.add(422)
-    if "{" in path:
+    if "{" in path or op["operationId"] in NOT_FOUND_TOO:
         statuses.add(404)
     if method != "get":
         statuses.add(409)
