@@ -1,7 +1,7 @@
 """HTTP errors: one table from the library's typed errors to HTTP statuses.
 
-Every error body is ``{"code", "message", "details", "retryable"}`` with the
-library's stable code; ``retryable`` says the same request may succeed later
+Every error body is ``{"code", "message", "details", "retryable"}`` (the
+``Error`` schema of ``/openapi.json``, ``schemas.Error``) with the library's stable code; ``retryable`` says the same request may succeed later
 unchanged (a backend came back, a lock was freed). Request bodies and parameters FastAPI cannot parse are
 ``input.invalid`` (422); an unknown route is ``route.not_found`` (404). An
 unexpected exception is logged and answered ``internal`` (500) without its
