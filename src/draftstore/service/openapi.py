@@ -89,13 +89,12 @@ def install(app: FastAPI, routers: list[APIRouter]) -> None:
     it is finished once per build. ``routers`` hold every route the document lists."""
     plain = app.openapi
     routes = [route for router in routers for route in router.routes]
-    finished: list[int] = []
+    finished: list[dict[str, Any]] = []  # the build last finished (held: its identity is the test)
 
     def openapi() -> dict[str, Any]:
         doc = plain()
-        if id(doc) not in finished:  # a new build of FastAPI's (cached until the routes change)
-            finish(doc, routes)
-            finished[:] = [id(doc)]
+        if not finished or finished[0] is not doc:  # a new build of FastAPI's (cached until the routes change)
+            finished[:] = [finish(doc, routes)]
         return doc
 
     app.openapi = openapi  # type: ignore[method-assign]
@@ -103,20 +102,22 @@ def install(app: FastAPI, routers: list[APIRouter]) -> None:
 
 def finish(doc: dict[str, Any], routes: list[Any]) -> dict[str, Any]:
     """The document FastAPI built, finished as the module docstring says (changed in place).
-    Raises ``LookupError`` for a route with no operation id."""
+    Raises ``LookupError`` for a route with no operation id, or one outside ``routes``."""
     by_op: dict[tuple[str, str], APIRoute] = {}
     for route in routes:
         if isinstance(route, APIRoute) and route.include_in_schema:
             if route.name not in OPERATION_IDS:
                 raise LookupError(f"no operationId for the route {route.path} ({route.name}): add it to OPERATION_IDS")
-            for method in route.methods:
+            for method in route.methods or ():
                 by_op[(method.lower(), route.path_format)] = route
     schemas = doc.setdefault("components", {}).setdefault("schemas", {})
     schemas["Error"] = Error.model_json_schema(ref_template=_REF + "{model}")
     doc["components"]["securitySchemes"] = {"bearer": BEARER}
     for path, ops in doc["paths"].items():
         for method, op in ops.items():
-            route = by_op[(method, path)]
+            route = by_op.get((method, path))
+            if route is None:
+                raise LookupError(f"{method.upper()} {path} is in no router given to openapi.install")
             op["operationId"] = OPERATION_IDS[route.name]
             secured = _roles(route) is not None
             if secured:
@@ -138,6 +139,7 @@ def _roles(route: APIRoute) -> tuple[Any, ...] | None:
 
 
 def _errors(method: str, path: str, op: dict[str, Any], secured: bool) -> list[int]:
+    """The error statuses an operation can answer (the rule in the module docstring)."""
     if not secured:  # the health probes: no token, no input, no store call that can fail as an error body
         return []
     statuses = {401, 403, 500, 502, 503}
