@@ -20,10 +20,11 @@ from .. import __version__
 from ..heap import tune_collector
 from ..mcpserver import mcp_http_app
 from ..store import Store
-from . import admin, errors, fastlane, openapi
+from . import admin, errors, fastlane
 from .auth import Authenticator, TurnProjects
 from .threads import set_turn_threads
 from .routes import health, projects, snapshots, states, streams, tokens, turns
+from . import openapi
 
 __all__ = ["create_app"]
 
