@@ -66,7 +66,8 @@ def state(project_id: str, store: StoreDep, at: At = "draft", principal: Princip
 
 
 @router.get("/files/{path:path}", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}}})
+            responses={200: {"content": {"application/octet-stream": {
+                "schema": {"type": "string", "format": "binary"}}}}})
 def read_file(project_id: str, path: str, store: StoreDep, at: At = "draft",
               principal: Principal = Allow(*ANY)) -> Response:
     view = _view(store, principal, project_id, at)
