@@ -184,7 +184,8 @@ def test_every_read_command_speaks_json(home: Path, world: dict[str, Any]) -> No
     assert as_json(run(home, "db", "current", "--json"))["current"] is True
     assert as_json(run(home, "config", "--json"))["settings"]["DRAFTSTORE_HEARTBEAT_TTL_S"] == 60.0
     assert as_json(run(home, "retention", p, "--json")) == {"turns_days": None, "discarded_days": 30.0}
-    assert as_json(run(home, "sweep", "--json")) == {"turns_reaped": 0, "turns_failed": 0, "publishing_released": 0}
+    assert as_json(run(home, "sweep", "--json")) == {"turns_reaped": 0, "turns_failed": 0, "publishing_released": 0,
+                                                     "sandboxes_lost": 0}
     assert as_json(run(home, "gc", "--json"))["dry_run"] is True
     assert as_json(run(home, "fsck", "--quick", "--json"))["ok"] is True
     ok(run(home, "token", "create", "--role", "observer", "--name", "[/x] viewer"))

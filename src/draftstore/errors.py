@@ -24,6 +24,8 @@ Tree (code in brackets)::
     │   ├── DraftNone          [draft.none]
     │   ├── TokenNotFound      [token.not_found]
     │   ├── StateNotFound      [state.not_found]
+    │   ├── SnapshotNotFound   [snapshot.not_found]
+    │   ├── SandboxNotFound    [sandbox.not_found]
     │   └── BlobNotFound       [blob.not_found]
     ├── StateConflict                    the state moved; retry or decide
     │   ├── TurnNotRunning     [turn.not_running]
@@ -36,6 +38,7 @@ Tree (code in brackets)::
     │   ├── DraftBusy          [draft.busy]
     │   ├── PathConflict       [path.conflict]
     │   ├── VersionProtected   [version.protected]
+    │   ├── SandboxConflict    [sandbox.conflict]
     │   └── LockTimeout        [lock.timeout]
     ├── AuthError                        who is asking may not
     │   ├── AuthRequired       [auth.required]   no token given
@@ -69,6 +72,8 @@ __all__ = [
     "PathNotFound",
     "DraftNone",
     "StateNotFound",
+    "SnapshotNotFound",
+    "SandboxNotFound",
     "BlobNotFound",
     "StateConflict",
     "TurnNotRunning",
@@ -86,6 +91,7 @@ __all__ = [
     "DraftBusy",
     "PathConflict",
     "VersionProtected",
+    "SandboxConflict",
     "LockTimeout",
     "IntegrityError",
     "ChecksumMismatch",
@@ -181,6 +187,16 @@ class TokenNotFound(NotFound):
     code = "token.not_found"
 
 
+class SnapshotNotFound(NotFound):
+    code = "snapshot.not_found"
+
+
+class SandboxNotFound(NotFound):
+    """A sandbox session id that names no session (of that project)."""
+
+    code = "sandbox.not_found"
+
+
 class BlobNotFound(NotFound):
     code = "blob.not_found"
 
@@ -236,6 +252,13 @@ class VersionProtected(StateConflict):
     """Pruning a version a head move names, without force."""
 
     code = "version.protected"
+
+
+class SandboxConflict(StateConflict):
+    """A sandbox session status change its status does not allow (``closed`` and
+    ``lost`` are final)."""
+
+    code = "sandbox.conflict"
 
 
 class LockTimeout(StateConflict):

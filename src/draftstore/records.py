@@ -34,6 +34,8 @@ __all__ = [
     "Page",
     "Snapshot",
     "SnapshotStatus",
+    "SandboxSession",
+    "SandboxStatus",
     "aware",
 ]
 
@@ -76,6 +78,14 @@ class SnapshotStatus(StrEnum):
     READY = "ready"
     FAILED = "failed"  # could not be built, or its bundle was found missing or corrupt
     STALE = "stale"  # the draft it was taken of has moved on
+
+
+class SandboxStatus(StrEnum):
+    STARTING = "starting"
+    READY = "ready"
+    PAUSED = "paused"
+    CLOSED = "closed"  # final: closed by its owner
+    LOST = "lost"  # final: its heartbeat lapsed (the recovery sweep), or its provider lost it
 
 
 class Role(StrEnum):
@@ -147,6 +157,8 @@ class Draft:
     closed_at: datetime | None
     closed_reason: DraftClosedReason | None
     closed_by: str | None = None
+    #: the latest snapshot of the draft's exact tree that became ready (None once the tree moved on)
+    snapshot_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -259,6 +271,26 @@ class Snapshot:
     error: str | None
     created_at: datetime
     finished_at: datetime | None
+
+
+@dataclass(frozen=True)
+class SandboxSession:
+    """A sandbox a provider runs on one state of a project: the draft (``draft_id``) or a
+    version (``version_id``), exactly one of them; metadata only, the sandbox itself lives
+    with its ``provider`` under ``external_id``. ``last_seen_at`` is its latest heartbeat."""
+
+    id: str
+    project_id: str
+    draft_id: str | None
+    version_id: str | None
+    turn_id: str | None
+    provider: str
+    external_id: str
+    snapshot_id: str | None  # the snapshot it was restored from, if any
+    status: SandboxStatus
+    created_at: datetime
+    updated_at: datetime
+    last_seen_at: datetime
 
 
 def json_default(value: Any) -> Any:

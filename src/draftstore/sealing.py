@@ -154,7 +154,9 @@ class Sealing:
             return fold.root, locked.file_count
         new, files = fold.plan.root, fold.plan.files
         faults.point("seal.before_swap")
-        conn.execute(D.update().where(D.c.id == locked.id).values(code_manifest_key=new, file_count=files))
+        # a new tree: the draft's snapshot (of the old one) no longer restores it
+        conn.execute(D.update().where(D.c.id == locked.id).values(code_manifest_key=new, file_count=files,
+                                                                  snapshot_id=None))
         conn.execute(C.delete().where(C.c.draft_id == locked.id))
         # the draft moved on: its snapshots of another tree are stale from now on
         conn.execute(S.update().where(S.c.project_id == locked.project_id, S.c.source_kind == "draft",

@@ -96,6 +96,10 @@ class Settings(BaseSettings):
         60.0, gt=0, allow_inf_nan=False,
         description="a running turn whose heartbeat is older is reaped as interrupted"
     )
+    sandbox_heartbeat_ttl_s: float = Field(
+        300.0, gt=0, allow_inf_nan=False,
+        description="an open sandbox session not seen (no heartbeat) for longer is marked lost by the recovery sweep"
+    )
     publishing_stuck_s: float = Field(
         300.0, gt=0, allow_inf_nan=False,
         description="a draft publishing for longer is released by the recovery sweep"

@@ -98,8 +98,8 @@ class Snapshots:
         conn.execute(S.insert().values(id=sid, project_id=project_id, source_kind=kind, source_id=source_id,
                                        root=root, status=status, external_ref=external_ref, files=0, size_bytes=0,
                                        created_at=utcnow(), finished_at=None if status == "pending" else utcnow()))
-        if kind == "draft":
-            conn.execute(D.update().where(D.c.id == source_id).values(snapshot_id=sid))
+        if status == SnapshotStatus.READY:
+            _name_on_draft(conn, kind, source_id, root, sid)
         return sid
 
     def _get(self, snapshot_id: str) -> Snapshot:
@@ -110,6 +110,10 @@ class Snapshots:
     def _mark(self, snapshot_id: str, status: SnapshotStatus, **values: Any) -> None:
         with self.b.tx() as conn:
             conn.execute(S.update().where(S.c.id == snapshot_id).values(status=status, finished_at=utcnow(), **values))
+            if status == SnapshotStatus.READY:
+                row = conn.execute(sa.select(S.c.source_kind, S.c.source_id, S.c.root)
+                                   .where(S.c.id == snapshot_id)).one()
+                _name_on_draft(conn, row.source_kind, row.source_id, row.root, snapshot_id)
 
     def schedule(self, conn: Any, project_id: str, version_id: str, root: str) -> str:
         """Within the caller's transaction (a publish): a pending snapshot of the version."""
@@ -129,6 +133,24 @@ class Snapshots:
             raise E.DraftBusy("the draft has unsealed writes (a turn is running): snapshot it after the turn ends",
                               project_id=project_id)
         return view, kind, source_id
+
+    def best(self, project_id: str, state: str) -> Snapshot | None:
+        """The ready snapshot that restores ``state`` ("draft", "head" or a version id)
+        exactly: its root is the state's root. An external one (``external_ref``) before a
+        bundle, the newest first within each; None when none fits, and for a draft with
+        unsealed writes (no snapshot holds them). Raises ``project.not_found``,
+        ``version.not_found``, ``state.not_found`` (no version or draft yet)."""
+        check.project_id(project_id)
+        view, _, _ = self._resolve(project_id, state)
+        if view.overlay:
+            return None
+        external_first = sa.case((S.c.external_ref.is_not(None), 0), else_=1)
+        with self.b.statement(read_only=True) as conn:
+            row = conn.execute(sa.select(S).where(
+                S.c.project_id == project_id, S.c.root == str(view.root), S.c.status == SnapshotStatus.READY.value,
+                sa.or_(S.c.external_ref.is_not(None), S.c.bundle_key.is_not(None)),
+            ).order_by(external_first, S.c.created_at.desc(), S.c.id.desc()).limit(1)).first()
+        return None if row is None else snapshot_record(row)
 
     # -- building ------------------------------------------------------------------------------
     def create(self, project_id: str, state: str = "head", progress: Progress | None = None) -> Snapshot:
@@ -280,6 +302,14 @@ class Snapshots:
         if progress:
             progress(len(files), len(files))
         return len(files), total
+
+
+def _name_on_draft(conn: Any, kind: str, source_id: str, root: str, snapshot_id: str) -> None:
+    """A ready snapshot of a draft becomes the draft's ``snapshot_id`` while the draft's tree
+    is still the one it holds (a build that finishes after the draft moved on names nothing)."""
+    if kind == "draft":
+        conn.execute(D.update().where(D.c.id == source_id, D.c.code_manifest_key == root)
+                     .values(snapshot_id=snapshot_id))
 
 
 def _project_exists(conn: Any, project_id: str) -> None:

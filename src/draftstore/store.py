@@ -10,6 +10,8 @@
     ├── turns       begin, end, heartbeats, recovery sweep        (turns.py)
     ├── toolcalls   record, offload, compact, read the history    (toolcalls.py)
     ├── publishing  publish, discard                              (publishing.py)
+    ├── snapshots   sandbox snapshots, the best one of a state, materialise (snapshots.py)
+    ├── sandboxes   sandbox sessions: open, heartbeat, close, lost (sandboxes.py)
     └── states      views, pinned views, references, diffs        (states.py)
     all sharing one Backends: engine, blob store, coordinator     (backends.py)
 
@@ -40,8 +42,10 @@ from .drafts import Drafts
 from . import idprefix
 from .projects import Projects
 from .publishing import Publishing
+from .sandboxes import Sandboxes
 from .deltas import Deltas
-from .records import Draft, HeadMove, Page, Project, Snapshot, ToolCall, Turn, TurnEndReason, Version
+from .records import (Draft, HeadMove, Page, Project, SandboxSession, SandboxStatus, Snapshot, ToolCall, Turn,
+                      TurnEndReason, Version)
 from .fsck import FsckReport
 from .gc import GCStats, Retention
 from .maintenance import Maintenance
@@ -94,6 +98,7 @@ class Store:
         self.tokens = Tokens(b)
         self._states = States(b, self._projects, self._packing)
         self._snapshots = Snapshots(b, self._packing, self._states.state_of)
+        self._sandboxes = Sandboxes(b, self._states.state_of)
         self._maintenance = Maintenance(b)
         self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns, self._snapshots)
 
@@ -470,6 +475,13 @@ class Store:
         """One page of ``list_snapshots``, ``next_cursor`` for the next."""
         return self._snapshots.page(project_id, cursor, limit)
 
+    def best_snapshot(self, project_id: str, state: str = "draft") -> Snapshot | None:
+        """The ready snapshot that restores ``state`` (``draft``: the draft, else head; ``head``; a
+        version id) exactly, its root being the state's root: an external one first, else a bundle;
+        None when none fits (then rebuild from the blobs). Raises ``project.not_found``,
+        ``version.not_found``, ``state.not_found``."""
+        return self._snapshots.best(project_id, state)
+
     def materialize(self, project_id: str, dest_dir: Any, state: str = "draft", *, replace: bool = False,
                     progress: Any = None, use_snapshot: bool = True) -> Materialized:
         """Write the exact files of ``state`` (``draft``: the draft, else head; ``head``; a version id)
@@ -488,6 +500,40 @@ class Store:
         drafts = self._projects.pack_open_drafts(limit)
         return {"versions_packed": packed, "drafts_packed": drafts,
                 "snapshots_built": self._snapshots.build_pending(limit)}
+
+    # ---------------------------------------------------------- sandbox sessions
+    def open_sandbox(self, project_id: str, provider: str, external_id: str, *, state: str = "draft",
+                     turn_id: str | None = None, snapshot_id: str | None = None,
+                     status: str = "starting") -> SandboxSession:
+        """Record a sandbox a ``provider`` runs (its id there: ``external_id``) on ``state``
+        (``draft``: the draft, else head; ``head``; a version id), for ``turn_id``, restored from
+        ``snapshot_id``; its first status is ``starting``, ``ready`` or ``paused``, and it counts as
+        seen now. Raises ``project.not_found``, ``version.not_found``, ``state.not_found``,
+        ``turn.not_found`` / ``snapshot.not_found`` (not of this project), ``input.invalid``."""
+        return self._sandboxes.open(project_id, state, provider, external_id, turn_id, snapshot_id, status)
+
+    def sandbox_heartbeat(self, session_id: str, status: str | None = None, *,
+                          project_id: str | None = None) -> SandboxSession:
+        """Mark the session seen now, and set ``status`` (``ready``, ``paused``, ``closed``,
+        ``lost``; ``starting`` only while it starts) if given. Atomic. Raises ``sandbox.not_found``
+        (also for a session of another project than ``project_id``), ``sandbox.conflict`` once
+        it is ``closed`` or ``lost`` (final: nothing changes), ``input.invalid``."""
+        return self._sandboxes.change(session_id, project_id, status, frozenset(SandboxStatus))
+
+    def close_sandbox(self, session_id: str, *, project_id: str | None = None) -> SandboxSession:
+        """Close the session (final). Idempotent: a closed one is returned unchanged. Raises
+        ``sandbox.not_found``, ``sandbox.conflict`` for a ``lost`` one."""
+        return self._sandboxes.close(session_id, project_id)
+
+    def get_sandbox(self, session_id: str, *, project_id: str | None = None) -> SandboxSession:
+        """One session. Raises ``sandbox.not_found`` (also for one of another project than ``project_id``)."""
+        return self._sandboxes.get(session_id, project_id)
+
+    def page_sandboxes(self, project_id: str, status: str | None = None, cursor: str | None = None,
+                       limit: int | None = None) -> Page[SandboxSession]:
+        """One page of the project's sessions, oldest first (only those of ``status``, if given).
+        Raises ``project.not_found``, ``input.invalid``."""
+        return self._sandboxes.page(project_id, status, cursor, limit)
 
     # ------------------------------------------------------------- maintenance
     def gc(self, dry_run: bool = True, *, progress: Any = None) -> GCStats:
@@ -521,14 +567,16 @@ class Store:
         - a running turn whose heartbeat lapsed (and that is older than the
           heartbeat TTL) is interrupted, which seals its writes;
         - a draft stuck in ``publishing`` longer than ``publishing_stuck_s``
-          (left by an older release) is released back to ``interrupted``.
+          (left by an older release) is released back to ``interrupted``;
+        - an open sandbox session not seen for ``sandbox_heartbeat_ttl_s`` is ``lost``.
         Safe to run from many replicas at once. Returns counts
         (``turns_reaped``, ``turns_failed``: could not be ended now, logged and
-        left for the next sweep; ``publishing_released``).
+        left for the next sweep; ``publishing_released``; ``sandboxes_lost``).
         """
         reaped, failed = self._turns.reap()
         return {"turns_reaped": reaped, "turns_failed": failed,
-                "publishing_released": self._publishing.release_stuck()}
+                "publishing_released": self._publishing.release_stuck(),
+                "sandboxes_lost": self._sandboxes.mark_lost()}
 
     def check_backends(self) -> dict[str, str | None]:
         """Each backend (``database``, ``blobs``, ``coordinator``) -> None if usable, else why not."""

@@ -41,6 +41,8 @@ __all__ = [
     "project_id",
     "turn_id",
     "version_id",
+    "session_id",
+    "snapshot_id",
     "flag",
     "seq",
     "MAX_NAME_CHARS",
@@ -314,6 +316,15 @@ def turn_id(value: Any) -> str:
 
 def version_id(value: Any) -> str:
     return _ident(value, "version_id", E.VersionNotFound)
+
+
+def session_id(value: Any) -> str:
+    """A sandbox session's id."""
+    return _ident(value, "session_id", E.SandboxNotFound)
+
+
+def snapshot_id(value: Any) -> str:
+    return _ident(value, "snapshot_id", E.SnapshotNotFound)
 
 
 def flag(field: str, value: Any) -> bool:

@@ -40,7 +40,8 @@ def sweep(as_json: bool) -> None:
         emit_json(done)
         return
     echo(f"{done['turns_reaped']} turns interrupted (heartbeat lapsed), {done['turns_failed']} could not be "
-         f"ended now, {done['publishing_released']} stuck publishes released")
+         f"ended now, {done['publishing_released']} stuck publishes released, {done['sandboxes_lost']} sandbox "
+         "sessions lost (not seen)")
 
 
 @main.command("gc")

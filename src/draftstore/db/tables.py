@@ -12,7 +12,7 @@ JSON documents (characters, world settings, messages, partial responses, the
 compacted tool history) are JSONB on PostgreSQL, so admins can query them in
 SQL, and JSON (text) on SQLite.
 
-``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``H``, ``K`` are the tables, for
+``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``SB``, ``H``, ``K`` are the tables, for
 the components that own their SQL.
 """
 
@@ -34,13 +34,14 @@ __all__ = [
     "TurnRow",
     "ToolCallRow",
     "SnapshotRow",
+    "SandboxSessionRow",
     "HeadMoveRow",
     "metadata",
     "utcnow",
     "TokenRow",
     "PackRow",
     "PackObjectRow",
-    "P", "V", "D", "C", "T", "TC", "S", "H", "K", "PK", "PO",
+    "P", "V", "D", "C", "T", "TC", "S", "H", "K", "PK", "PO", "SB",
 ]
 
 metadata = SQLModel.metadata
@@ -226,6 +227,34 @@ class SnapshotRow(SQLModel, table=True):
     finished_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
 
 
+class SandboxSessionRow(SQLModel, table=True):
+    """A sandbox open on one state (the draft or a version: exactly one, checked here too)."""
+
+    __tablename__ = "sandbox_session"
+    __table_args__ = (
+        sa.CheckConstraint("(draft_id IS NULL) <> (version_id IS NULL)", name="ck_sandbox_session_one_state"),
+        # the list (a project's sessions in creation order, with or without a status filter)
+        sa.Index("ix_sandbox_session_project", "project_id", "created_at", "id"),
+        sa.Index("ix_sandbox_session_project_status", "project_id", "status", "created_at", "id"),
+        # the recovery sweep (open sessions whose heartbeat lapsed)
+        sa.Index("ix_sandbox_session_seen", "status", "last_seen_at"),
+    )
+    id: str = Field(primary_key=True, max_length=ID)
+    project_id: str = Field(foreign_key="project.id", max_length=ID)
+    # no foreign keys below: a session is a record of what ran, kept when versions are pruned
+    draft_id: str | None = Field(default=None, max_length=ID)
+    version_id: str | None = Field(default=None, max_length=ID)
+    turn_id: str | None = Field(default=None, max_length=ID)
+    provider: str = Field(max_length=64)  # free text: e2b, docker, local, ...
+    external_id: str = Field(max_length=1024)  # the provider's id of the sandbox
+    snapshot_id: str | None = Field(default=None, max_length=ID)  # restored from
+    # starting | ready | paused | closed | lost
+    status: str = Field(max_length=16)
+    created_at: datetime = Field(sa_column=_ts())
+    updated_at: datetime = Field(sa_column=_ts())
+    last_seen_at: datetime = Field(sa_column=_ts())
+
+
 class PackRow(SQLModel, table=True):
     """A pack of one subtree (one part of it): the content-addressed object bundling its objects.
 
@@ -294,6 +323,7 @@ C = DraftChangeRow.__table__
 T = TurnRow.__table__
 TC = ToolCallRow.__table__
 S = SnapshotRow.__table__
+SB = SandboxSessionRow.__table__
 H = HeadMoveRow.__table__
 K = TokenRow.__table__
 PK = PackRow.__table__
