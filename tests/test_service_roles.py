@@ -44,19 +44,21 @@ UNKNOWN_TOKEN = f"dst_{'0' * 32}_{'A' * 43}"  # well formed, never issued
 class World:
     """A project with two versions and a running turn (or, ``paused``, a completed
     one) on its draft; the turn has tool call 1 started and, with ``approval``,
-    tool call 2 awaiting approval. Plus a spare token to revoke."""
+    tool call 2 awaiting approval; an external snapshot of head and a sandbox session
+    open on the draft. Plus a spare token to revoke."""
 
     project_id: str
     turn_id: str
     v1: str
     v2: str
     token_id: str
+    session_id: str = ""
 
     def fill(self, template: Any) -> Any:
         """``template`` (a URL, or a JSON body: its strings) with this world's ids."""
         if isinstance(template, str):
             return template.format(project_id=self.project_id, turn_id=self.turn_id, v1=self.v1, v2=self.v2,
-                                   token_id=self.token_id)
+                                   token_id=self.token_id, session_id=self.session_id)
         if isinstance(template, dict):
             return {k: self.fill(v) for k, v in template.items()}
         if isinstance(template, list):
@@ -78,7 +80,9 @@ def build_world(store: Store, *, paused: bool = False, approval: bool = False) -
     if paused:
         store.complete_turn(turn.id, "done")
     spare, _ = store.tokens.create("observer", name="spare")
-    return World(p.id, turn.id, p.current_version_id or "", v2.id, spare.id)
+    store.record_snapshot(p.id, "head", "provider-snap-1")
+    session = store.open_sandbox(p.id, "local", "sbx-1", turn_id=turn.id)
+    return World(p.id, turn.id, p.current_version_id or "", v2.id, spare.id, session.id)
 
 
 @dataclass(frozen=True)
@@ -143,6 +147,13 @@ ROUTES: list[Route] = [
     R("POST", f"{P}/fork", ADMIN, 201, json={"name": "copy"}),
     R("GET", f"{P}/snapshots", AGENT, 200),
     R("POST", f"{P}/snapshots", AGENT, 201, json={"source": "head"}),
+    R("GET", f"{P}/snapshots/best", AGENT, 200, url=f"{P}/snapshots/best?state=head"),
+    # sandbox sessions: a sandbox runs unpublished work
+    R("POST", f"{P}/sandbox-sessions", AGENT, 201, json={"provider": "e2b", "external_id": "sbx-2"}),
+    R("GET", f"{P}/sandbox-sessions", AGENT, 200, url=f"{P}/sandbox-sessions?status=starting"),
+    R("GET", f"{P}/sandbox-sessions/{{session_id}}", AGENT, 200),
+    R("POST", f"{P}/sandbox-sessions/{{session_id}}/heartbeat", AGENT, 200, json={"status": "ready"}),
+    R("POST", f"{P}/sandbox-sessions/{{session_id}}/close", AGENT, 200),
     # turns
     R("POST", f"{P}/turns", AGENT, 201, json={"user_message": {"role": "user", "content": "hi"}}, paused=True),
     R("POST", f"{P}/turns", AGENT, 201, json={"user_message": "go on", "continue": True}, paused=True),
@@ -299,6 +310,12 @@ def test_a_project_scoped_token_never_reaches_another_project(service: Service) 
         ("GET", f"/v1/projects/{a.project_id}/diff?a=version:{a.v1}&b=version:{b.v2}", None, "version.not_found"),
         ("GET", f"/v1/projects/{a.project_id}/diff?a=turn:{b.turn_id}:start&b=head", None, "turn.not_found"),
         ("POST", f"/v1/projects/{a.project_id}/rollback", {"version_id": b.v1}, "version.not_found"),
+        ("GET", f"/v1/projects/{a.project_id}/sandbox-sessions/{b.session_id}", None, "sandbox.not_found"),
+        ("POST", f"/v1/projects/{a.project_id}/sandbox-sessions/{b.session_id}/heartbeat", None, "sandbox.not_found"),
+        ("POST", f"/v1/projects/{a.project_id}/sandbox-sessions/{b.session_id}/close", None, "sandbox.not_found"),
+        ("POST", f"/v1/projects/{a.project_id}/sandbox-sessions",
+         {"provider": "e2b", "external_id": "x", "turn_id": b.turn_id}, "turn.not_found"),
+        ("GET", f"/v1/projects/{a.project_id}/snapshots/best?state={b.v2}", None, "version.not_found"),
     ]:
         r = c.request(method, url, json=body)
         assert outcome(r) == (404, code), f"{method} {url}: {r.status_code} {r.text}"
@@ -311,6 +328,7 @@ def test_a_project_scoped_token_never_reaches_another_project(service: Service) 
         assert [p["id"] for p in page["items"]] == [a.project_id] and page["next_cursor"] is None, role
     assert store.get_project(b.project_id).current_version_id == b.v2  # B untouched
     assert store.get_turn(b.turn_id, tool_calls=False).status == "running"
+    assert store.get_sandbox(b.session_id).status == "starting"
 
 
 def test_a_token_is_shown_once_and_stored_hashed(service: Service) -> None:

@@ -24,6 +24,7 @@ from . import admin, errors, fastlane
 from .auth import Authenticator, TurnProjects
 from .threads import set_turn_threads
 from .routes import health, projects, snapshots, states, streams, tokens, turns
+from .routes import sandboxes
 from . import openapi
 
 __all__ = ["create_app"]
@@ -78,6 +79,7 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
 
     # turns first: an agent's tool-call and write requests are most of the traffic, and routes match in order
     routers = [m.router for m in (health, turns, projects, states, streams, snapshots, tokens)]
+    routers.append(sandboxes.router)
     for router in routers:
         app.include_router(router)
     openapi.install(app, routers)  # /openapi.json as the contract (openapi.py)

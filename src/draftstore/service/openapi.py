@@ -56,7 +56,10 @@ OPERATION_IDS = {
     "state": "view_state", "read_file": "view_read_file", "stat": "view_stat", "list_dir": "view_list_dir",
     "find_files": "view_find_files", "search_code": "view_search_code",
     "turn_events": "events_turn", "project_events": "events_project",
-    "list_snapshots": "snapshots_list", "create_snapshot": "snapshots_create",
+    "list_snapshots": "snapshots_list", "create_snapshot": "snapshots_create", "best_snapshot": "snapshots_best",
+    "open_sandbox_session": "sandbox_sessions_open", "list_sandbox_sessions": "sandbox_sessions_list",
+    "get_sandbox_session": "sandbox_sessions_get", "sandbox_session_heartbeat": "sandbox_sessions_heartbeat",
+    "close_sandbox_session": "sandbox_sessions_close",
     "whoami": "whoami", "create_token": "tokens_create", "list_tokens": "tokens_list",
     "revoke_token": "tokens_revoke",
 }

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import Annotated
+
+from fastapi import APIRouter, Query
 from pydantic import Field
 from ..threads import run_sync
 
+from ... import errors as E
 from ...records import Page, Snapshot
 from ..auth import AGENT, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
@@ -26,6 +29,20 @@ def list_snapshots(project_id: str, store: StoreDep, cursor: Cursor = None, limi
     """The project's snapshots, oldest first, paged."""
     project_scope(principal, project_id)
     return JSON(store.page_snapshots(project_id, cursor, limit))
+
+
+@router.get("/best", response_model=Snapshot, response_class=JSON)
+def best_snapshot(project_id: str, store: StoreDep,
+                  state: Annotated[str, Query(description="draft (the draft, else head) | head | a version id")],
+                  principal: Principal = Allow(*AGENT)) -> JSON:
+    """The ready snapshot that restores ``state`` exactly (same tree root): an external one
+    first, else a bundle; 404 ``snapshot.not_found`` when none fits (rebuild from the blobs)."""
+    project_scope(principal, project_id)
+    snap = store.best_snapshot(project_id, state)
+    if snap is None:
+        raise E.SnapshotNotFound(f"no ready snapshot restores {state[:80]!r} of project {project_id}",
+                                 project_id=project_id, state=state[:80])
+    return JSON(snap)
 
 
 @router.post("", status_code=201, response_model=Snapshot, response_class=JSON)
