@@ -408,3 +408,68 @@ def test_upgrading_a_0001_postgres_database_whose_json_holds_a_nul_completes(rea
     finally:
         with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- 0006 -> 0007: sandbox sessions ------------------------------------------------------------------------
+def fill_0006(engine: Any) -> None:
+    """A project as the 0006 release left it: head, an open draft naming its ready external snapshot."""
+    from draftstore.db.tables import P as PROJECT, S as SNAPSHOT, V as VERSION
+
+    empty = str(EMPTY_TREE)
+    with engine.begin() as conn:
+        conn.execute(PROJECT.insert().values(id=P, name="before sessions", current_version_id=V1,
+                                             active_draft_id=DR, created_at=at(0)))
+        conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
+                                             characters_json={"hero": 1}, world_settings_json={}, summary="v1",
+                                             created_at=at(0)))
+        conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
+                                       code_manifest_key=empty, file_count=0, characters_json={"hero": 2},
+                                       world_settings_json={}, revision=1, status_changed_at=at(1), created_at=at(1),
+                                       snapshot_id=T1))
+        conn.execute(SNAPSHOT.insert().values(id=T1, project_id=P, source_kind="draft", source_id=DR, root=empty,
+                                              status="ready", external_ref="provider-snap", files=0, size_bytes=0,
+                                              created_at=at(2), finished_at=at(2)))
+
+
+def upgrade_0006_and_check(url: str, tmp_path: Path) -> None:
+    engine = create_db_engine(url)
+    try:
+        upgrade(engine, "0006")
+        fill_0006(engine)
+        upgrade(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+    store = by_open(url, tmp_path)
+    try:
+        draft = store.get_draft(P)
+        assert (draft.id, draft.snapshot_id, draft.revision) == (DR, T1, 1)
+        assert store.get_project(P).current_version_id == V1
+        best = store.best_snapshot(P, "draft")
+        assert best is not None and (best.id, best.external_ref) == (T1, "provider-snap")
+        assert store.page_sandboxes(P).items == []
+        session = store.open_sandbox(P, "e2b", "sbx", snapshot_id=T1)
+        assert (session.draft_id, session.snapshot_id, session.status) == (DR, T1, "starting")
+        assert store.page_sandboxes(P).items == [session]
+    finally:
+        store.close()
+
+
+def test_upgrading_a_0006_sqlite_database_keeps_its_data_and_adds_sandbox_sessions(tmp_path):
+    upgrade_0006_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+
+
+@pytest.mark.real
+def test_upgrading_a_0006_postgres_database_keeps_its_data_and_adds_sandbox_sessions(real_postgres, tmp_path):
+    import psycopg
+
+    from services import _with_database, token
+
+    name = f"draftstore_migrate_{token()}"
+    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        upgrade_0006_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
+    finally:
+        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

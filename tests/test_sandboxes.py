@@ -279,3 +279,21 @@ def test_a_sandbox_session_over_http(service: Service) -> None:
     made = store.record_snapshot(p.id, "head", "provider-snap")
     r = c.get(f"/v1/projects/{p.id}/snapshots/best", params={"state": "head"})
     assert r.status_code == 200 and r.json()["id"] == made.id and r.json()["external_ref"] == "provider-snap"
+
+
+def test_the_database_itself_holds_a_session_to_exactly_one_state(store: Store) -> None:
+    """Whatever writes the table: a session on both the draft and a version, or on neither, is refused."""
+    import sqlalchemy as sa
+
+    from draftstore.db.tables import SB, utcnow
+
+    p = new_project(store)
+    paused_draft(store, p.id)
+    draft_id, version_id = store.get_draft(p.id).id, p.current_version_id
+    now = utcnow()
+    for draft, version in ((draft_id, version_id), (None, None)):
+        with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
+            conn.execute(SB.insert().values(id="e" * 32, project_id=p.id, draft_id=draft, version_id=version,
+                                            provider="raw", external_id="x", status="ready", created_at=now,
+                                            updated_at=now, last_seen_at=now))
+    assert every_session(store, p.id) == []
