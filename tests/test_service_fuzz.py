@@ -119,6 +119,7 @@ class Seed:
     spare_token: str = ""
     cursors: list[str] = field(default_factory=list)
     reseeded: int = 0
+    session: str = ""
     seed_errors: list[str] = field(default_factory=list)
 
     FILES = {
@@ -148,6 +149,8 @@ class Seed:
         assert other.current_version_id is not None
         self.versions.append(other.current_version_id)
         self.spare_token = s.tokens.create("observer", name="fuzz-spare")[0].id
+        s.record_snapshot(p.id, "head", "fuzz-provider-snap")
+        self.session = s.open_sandbox(p.id, "e2b", "fuzz-sbx", turn_id=t.id).id
         for page in (s.page_projects(None, 1), s.page_versions(p.id, None, 1), s.page_turns(p.id, None, 1),
                      s.page_tool_calls(self.running_turn, None, 1)):
             if page.next_cursor:
@@ -197,6 +200,7 @@ class Seed:
             "seq": [1, 2, 3],
             "path": list(self.FILES) + ["src", "src/new.py", "nope/missing.py"],
             "token_id": [self.spare_token],
+            "session_id": [self.session],
         }
 
     def query_values(self) -> dict[str, list[Any]]:
@@ -204,6 +208,7 @@ class Seed:
                 f"turn:{self.ended_turn}:start", f"turn:{self.ended_turn}:end", f"turn:{RUNNING}:start"]
         return {"at": refs, "a": refs, "b": refs, "cursor": self.cursors or ["x"], "dir": ["", "src", "src/util"],
                 "glob": ["**", "**/*.py", "src/*"], "q": ["TODO", "def ", "(?i)run"],
+                "state": ["draft", "head", self.versions[0]], "status": ["ready", "closed"],
                 # event ids: 64-bit edges (a stream id is at most 2**63 - 1 in SQLite and Redis)
                 "after": [2**64, 2**63, 2**63 - 1, 0, 1], "before": [2**64, 2**63, 1, 2]}
 
@@ -249,6 +254,9 @@ class Seed:
             "Fork": [{"name": "fork", "version_id": self.versions[1]}, {"name": "fork-head"}],
             "CreateToken": [{"role": "agent", "project_id": self.project}, {"role": "observer"}],
             "Actor": [{"actor": "fuzzer"}],
+            "OpenSandbox": [{"provider": "e2b", "external_id": "sbx-fuzz"},
+                            {"provider": "docker", "external_id": "c-1", "state": "head", "status": "ready"}],
+            "SandboxHeartbeat": [{"status": "ready"}, {}],
         }
 
 
