@@ -14,10 +14,19 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-
-from draftstore import (InvalidInput, ProjectNotFound, SandboxConflict, SandboxNotFound, Settings, SnapshotNotFound,
-                        Store, TurnNotFound, VersionNotFound)
 from service_fixtures import Service
+
+from draftstore import (
+    InvalidInput,
+    ProjectNotFound,
+    SandboxConflict,
+    SandboxNotFound,
+    Settings,
+    SnapshotNotFound,
+    Store,
+    TurnNotFound,
+    VersionNotFound,
+)
 
 
 def new_project(store: Store, files: dict[str, str] | None = None) -> Any:

@@ -31,7 +31,7 @@ from .ids import new_id
 from .records import Page, SandboxSession, SandboxStatus, aware
 from .view import View
 
-__all__ = ["Sandboxes", "session_record", "OPEN", "FINAL"]
+__all__ = ["FINAL", "OPEN", "Sandboxes", "session_record"]
 
 OPEN = frozenset({SandboxStatus.STARTING, SandboxStatus.READY, SandboxStatus.PAUSED})
 FINAL = frozenset({SandboxStatus.CLOSED, SandboxStatus.LOST})
@@ -74,6 +74,8 @@ class Sandboxes:
         first = _status(status, frozenset(OPEN))
         if not isinstance(state, str):
             raise E.InvalidInput("state must be a string: draft, head or a version id", field="state")
+        # resolved before the insert's transaction (it reads a view): a publish in between leaves the
+        # session on the draft it was opened on, which is what the sandbox runs
         _, kind, source_id = self._resolve(project_id, state)  # project.not_found, version.not_found, ...
         now = utcnow()
         sid = new_id()
