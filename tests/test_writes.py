@@ -492,3 +492,17 @@ def test_a_patch_that_copies_too_much_is_refused_even_if_the_result_fits(store_f
     assert exc.value.code == "patch.invalid" and "more than 8000 bytes" in str(exc.value)
     assert snapshot(store, p.id)[1:] == before[1:]
     assert store.patch_characters(t.id, churn[:4]) == {"big": "x" * 600}
+
+
+def test_the_doubling_patch_over_http_is_413_and_the_agent_goes_on(service):
+    """The same 1.3 KB patch an agent could send through REST (MCP calls the same store method)."""
+    c = service.client()
+    pid = c.post("/v1/projects", json={"name": "doubling", "characters": {"hero": {"hp": 1}}}).json()["id"]
+    tid = c.post(f"/v1/projects/{pid}/turns", json={"user_message": "x"}).json()["id"]
+    for doc in ("characters", "world-settings"):
+        r = c.patch(f"/v1/turns/{tid}/{doc}", json={"patch": doubling_patch(30)})
+        assert r.status_code == 413 and r.json()["code"] == "payload.too_large", r.text
+    assert service.store.view(pid).characters == {"hero": {"hp": 1}}
+    assert service.store.view(pid).world_settings == {}
+    r = c.patch(f"/v1/turns/{tid}/characters", json={"patch": [{"op": "copy", "from": "/hero", "path": "/twin"}]})
+    assert r.status_code == 200 and r.json() == {"hero": {"hp": 1}, "twin": {"hp": 1}}, r.text
