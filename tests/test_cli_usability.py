@@ -376,7 +376,8 @@ def test_import_of_a_tree_with_an_unreadable_directory_fails_and_creates_nothing
         env = {"DRAFTSTORE_HOME": str(home), "HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
                "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
         p = subprocess.run([*prefix, sys.executable, "-m", "draftstore.cli", "import", str(src)],
-                           capture_output=True, text=True, env=env, cwd=home, timeout=120, stdin=subprocess.DEVNULL)
+                           capture_output=True, text=True, env=env, cwd=home, timeout=120, stdin=subprocess.DEVNULL,
+                           check=False)
         line = failed(p, 5, "io.error")
         assert str(src / "secret") in line
         with Store.open(settings=Settings(home=home)) as store:

@@ -27,14 +27,13 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import errors as E
-from . import faults
-from . import patches
+from . import faults, patches
 from . import validation as check
 from .backends import Backends
 from .db.tables import C, D, T
 from .digest import Digest, digest_of
-from .paths import normalize_path, parent_dirs
 from .patches import merge_patch
+from .paths import normalize_path, parent_dirs
 from .records import TurnStatus
 from .trees import CachedNodes, FileEntry, StagedTree, file_entry
 
