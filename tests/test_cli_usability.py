@@ -340,3 +340,74 @@ def test_json_output_carries_any_json_value_a_turn_recorded(home: Path) -> None:
     assert turn["user_message"] == {"n": 2**70}
     assert turn["tool_calls"][0]["args"]["end_line"] == 99999999999999999999
     assert turn["tool_calls"][0]["result"] == {"total": -(2**80)}
+
+
+# -- import: nothing dropped silently, every bad input typed -------------------------------------
+def _chown_tree(top: Path, uid: int) -> None:
+    for root, dirs, names in os.walk(top):
+        for name in [*dirs, *names]:
+            os.lchown(os.path.join(root, name), uid, uid)
+    os.lchown(top, uid, uid)
+
+
+def test_import_of_a_tree_with_an_unreadable_directory_fails_and_creates_nothing(tmp_path: Path) -> None:
+    """Root reads any directory, so the import runs as nobody on a tree nobody owns, with one
+    directory it may not read: the import stops with io.error (exit 5) naming it, rather than
+    create a project without that directory's files."""
+    import shutil
+    import tempfile
+
+    nobody = 65534
+    as_root = os.geteuid() == 0
+    if as_root and shutil.which("setpriv") is None:
+        pytest.skip("needs setpriv to drop root")
+    work = Path(tempfile.mkdtemp(prefix="ds-import-", dir="/tmp"))  # pytest's tmp_path is root's alone
+    try:
+        os.chmod(work, 0o755)
+        home, src = work / "home", work / "src"
+        home.mkdir()
+        (src / "secret").mkdir(parents=True)
+        (src / "main.py").write_text("main\n")
+        (src / "secret" / "plan.txt").write_text("plan\n")
+        prefix: list[str] = []
+        if as_root:
+            _chown_tree(work, nobody)
+            prefix = ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups"]
+        os.chmod(src / "secret", 0)
+        env = {"DRAFTSTORE_HOME": str(home), "HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
+               "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+        p = subprocess.run([*prefix, sys.executable, "-m", "draftstore.cli", "import", str(src)],
+                           capture_output=True, text=True, env=env, cwd=home, timeout=120, stdin=subprocess.DEVNULL,
+                           check=False)
+        line = failed(p, 5, "io.error")
+        assert str(src / "secret") in line
+        with Store.open(settings=Settings(home=home)) as store:
+            assert store.list_projects() == []
+    finally:
+        os.chmod(work / "src" / "secret", 0o755)
+        shutil.rmtree(work)
+
+
+def test_import_of_a_state_file_nested_too_deep_is_bad_input(home: Path, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "main.py").write_text("main\n")
+    (src / ".draftstore-state.json").write_text('{"characters": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    line = failed(run(home, "import", str(src)), 2, "input.invalid")
+    assert "nested too deep" in line
+
+
+def test_import_never_follows_a_draftstoreignore_that_is_a_link(home: Path, tmp_path: Path) -> None:
+    """The import says it skipped the link; so its rules are not applied either."""
+    src, elsewhere = tmp_path / "src", tmp_path / "elsewhere"
+    src.mkdir()
+    elsewhere.mkdir()
+    (elsewhere / "rules").write_text("*.py\n")
+    (src / "main.py").write_text("main\n")
+    (src / ".draftstoreignore").symlink_to(elsewhere / "rules")
+    p = run(home, "import", str(src), "--name", "linked")
+    out = ok(p)
+    assert "skipped 1 symlinks: .draftstoreignore" in p.stderr
+    new_id = re.search(r"project ([0-9a-f]{32})", out).group(1)
+    with Store.open(settings=Settings(home=home)) as store:
+        assert store.view(new_id).list_files() == ["main.py"]

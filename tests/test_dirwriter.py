@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from draftstore import IntegrityError, dirwriter
+from draftstore import IntegrityError, PathConflict, dirwriter
 from draftstore.dirwriter import _BATCH_BYTES, _BATCH_FILES, _QUEUED, DirectoryWriter
 
 
@@ -55,12 +55,12 @@ def test_a_writer_threads_error_reaches_the_caller_and_no_link_is_followed(tmp_p
     dest = tmp_path / "dest"
     dest.mkdir()
     files = {f"f{i}.txt": b"x" for i in range(500)}
-    with pytest.raises(OSError) as caught:
+    with pytest.raises(PathConflict) as caught:
         with DirectoryWriter(dest, files, threads=2) as w:
             os.symlink(outside, dest / "f250.txt")  # O_NOFOLLOW: creating through it fails
             for path, data in files.items():
                 w.write(path, data, False)
-    assert caught.value.errno is not None
+    assert caught.value.code == "path.conflict" and caught.value.details["path"] == "f250.txt"
     assert outside.read_bytes() == b"keep"
     assert not _writers()
 
@@ -106,7 +106,7 @@ def test_a_writer_that_failed_stops_the_caller_early_and_never_leaves_it_blocked
             with DirectoryWriter(dest, files, threads=1) as w:
                 for path, data in files.items():
                     w.write(path, data, False)
-        except OSError as exc:
+        except PathConflict as exc:
             outcome.append((exc, w.count))
 
     t = threading.Thread(target=produce, daemon=True)
@@ -116,3 +116,38 @@ def test_a_writer_that_failed_stops_the_caller_early_and_never_leaves_it_blocked
     [(exc, handed)] = outcome
     assert handed < len(files)  # told by write(), not only once everything was queued
     assert not (tmp_path / "elsewhere").exists() and not _writers()
+
+
+# -- links planted while the tree is written ----------------------------------------------------
+def _planted_tree(tmp_path: Path) -> tuple[Path, Path, dict[str, bytes]]:
+    dest, elsewhere = tmp_path / "out", tmp_path / "elsewhere"
+    dest.mkdir()
+    elsewhere.mkdir()
+    return dest, elsewhere, {f"sub/deeper/f{i}.txt": b"x" for i in range(200)} | {"top.txt": b"t"}
+
+
+def test_a_link_where_the_tree_needs_a_directory_is_refused_and_nothing_lands_outside(tmp_path: Path) -> None:
+    dest, elsewhere, files = _planted_tree(tmp_path)
+    os.symlink(elsewhere, dest / "sub")  # there before the writer makes its directories
+    with pytest.raises(PathConflict) as exc:
+        DirectoryWriter(dest, files)
+    assert exc.value.details["path"] == "sub"
+    assert list(elsewhere.iterdir()) == [] and not _writers()
+
+
+def test_a_directory_swapped_for_a_link_mid_write_is_never_written_through(tmp_path: Path) -> None:
+    """Once made, a directory is written through the descriptor opened on it, never by
+    name: a link planted at its name afterwards leads nowhere (the files land in the
+    directory that was made, or the write is refused), never outside."""
+    dest, elsewhere, files = _planted_tree(tmp_path)
+    refused = None
+    try:
+        with DirectoryWriter(dest, files, threads=2) as w:
+            os.rename(dest / "sub", tmp_path / "moved-away")  # within the test's own tree
+            os.symlink(elsewhere, dest / "sub")
+            for path, data in files.items():
+                w.write(path, data, False)
+    except PathConflict as exc:
+        refused = exc
+    assert refused is not None and refused.details["path"].startswith("sub")
+    assert list(elsewhere.iterdir()) == [] and not _writers()

@@ -175,6 +175,8 @@ def test_control_characters_are_refused_exactly_as_their_unicode_category_says()
         if ch in "/\\" or 0xD800 <= cp <= 0xDFFF:  # separators; surrogates fail as "not valid UTF-8"
             continue
         refused = unicodedata.category(ch) in ("Cc", "Cs") or ch in "\u2028\u2029"
+        if not refused and (ch == "\ufffd" or not unicodedata.is_normalized("NFC", f"a{ch}b")):
+            continue  # refused for another reason (below)
         try:
             normalize_path(f"dir/a{ch}b.py")
         except PathDenied as exc:
@@ -190,3 +192,44 @@ def test_a_segment_is_limited_in_bytes_not_characters():
         normalize_path("d/" + "\u00e9" * 128)  # 256 bytes in 128 characters
     assert "segment longer" in exc.value.details["reason"]
     assert normalize_path("d/" + "x" * 255) == "d/" + "x" * 255
+
+
+# -- one name, one spelling ------------------------------------------------------------------
+def test_the_replacement_character_is_refused_because_it_hides_which_bytes_were_meant():
+    """An HTTP server decodes %FF and %FE both to U+FFFD: accepting it would land both on one file."""
+    for path in ["\ufffdq", "dir/a\ufffd.py", "\ufffd\ufffd"]:
+        with pytest.raises(PathDenied) as exc:
+            normalize_path(path)
+        assert "U+FFFD" in exc.value.details["reason"]
+
+
+def test_a_path_not_in_nfc_is_refused_with_its_nfc_spelling():
+    decomposed, composed = "caf\u0065\u0301/men\u0075\u0308.txt", "caf\u00e9/men\u00fc.txt"
+    assert normalize_path(composed) == composed
+    with pytest.raises(PathDenied) as exc:
+        normalize_path(decomposed)
+    assert exc.value.details["nfc"] == composed
+    assert "normal form C" in exc.value.details["reason"]
+    assert normalize_path("\ud55c\uae00.md") == "\ud55c\uae00.md"  # precomposed Hangul is NFC
+
+
+BAD_URL_PATHS = {"invalid-ff": "%FFq", "invalid-fe": "%FEq", "overlong-dot": "%C0%AE", "surrogate": "%ED%A0%80",
+                 "nfd": "cafe%CC%81.txt"}
+
+
+@pytest.mark.parametrize("raw", list(BAD_URL_PATHS.values()), ids=list(BAD_URL_PATHS))
+def test_a_url_path_that_is_not_valid_nfc_utf8_is_denied_over_http_and_writes_nothing(service, raw):
+    """The service decodes a URL path leniently (bad bytes become U+FFFD); the validator
+    refuses what that leaves, on the fast lane (PUT) and the general routes alike."""
+    c = service.client()
+    pid = c.post("/v1/projects", json={"name": "urls"}).json()["id"]
+    tid = c.post(f"/v1/projects/{pid}/turns", json={"user_message": "x"}).json()["id"]
+    for method in ("PUT", "DELETE"):
+        r = c.request(method, f"/v1/turns/{tid}/files/{raw}", content=b"x" if method == "PUT" else None)
+        assert r.status_code == 422, r.text
+        assert r.json()["code"] == "path.denied"
+    r = c.get(f"/v1/projects/{pid}/view/files/{raw}")
+    assert r.status_code == 422 and r.json()["code"] == "path.denied"
+    assert service.store.view(pid).list_files() == []
+    assert c.put(f"/v1/turns/{tid}/files/caf%C3%A9.txt", content=b"ok").status_code == 204  # NFC UTF-8: taken
+    assert service.store.view(pid).list_files() == ["caf\u00e9.txt"]

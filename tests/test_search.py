@@ -340,3 +340,62 @@ def test_classes_never_match_a_slash() -> None:
 def test_glob_metacharacters_of_regexes_are_literal() -> None:
     glob = compile_glob("a+(b)|c.{x}$.py")
     assert glob.match("a+(b)|c.{x}$.py") and not glob.match("aa(b)|c.{x}$.py")
+
+
+# -- a page of results is bounded in bytes ------------------------------------------------------
+def test_a_searchers_byte_budget_stops_before_the_match_that_would_pass_it() -> None:
+    files = {"a.txt": b"".join(b"hit %03d " % i + b"x" * 90 + b"\n" for i in range(50))}
+    full = search("hit", files, context=3, max_results=1000)
+    capped = search("hit", files, context=3, max_results=1000, max_bytes=5000)
+    assert capped.truncated and 0 < len(capped) < len(full)
+    assert capped.matches == full.matches[:len(capped)]
+    assert sum(len(m.line) + sum(map(len, m.before + m.after)) for m in capped) <= 5000
+    # the first match is kept whatever its size, so a page always moves on
+    assert len(search("hit", files, context=3, max_bytes=1)) == 1
+
+
+def test_a_page_clips_long_lines_and_stops_at_its_byte_budget() -> None:
+    from draftstore.search import paged
+
+    long_line = b"needle " + b"\x01\"" * 50_000  # escapes make its JSON six and two times its bytes
+    files = {"a.txt": long_line + b"\n" + b"needle short\n" * 400}
+    page = paged(search("needle", files, max_results=10_000, context=5), page_bytes=64 * 1024, line_bytes=512)
+    assert page.lines_clipped and page.truncated
+    import dataclasses
+    import json
+    body = json.dumps({"matches": [dataclasses.asdict(m) for m in page.matches]}, ensure_ascii=False).encode()
+    assert len(body) <= 64 * 1024
+    assert page.matches[0].line.startswith("needle ") and page.matches[1].line == "needle short"
+
+
+def test_http_search_with_wide_context_is_paged_within_its_byte_budget(service: Any) -> None:
+    """A 0.4 MB file, every 20th line a match, 100 lines of context each side: once 4 MB in one
+    answer (40 MB with more matches). Now every page stays within the budget, says truncated,
+    and following the cursors reports every match exactly once."""
+    from draftstore.search import PAGE_BYTES
+
+    lines = [(b"match %04d " % i if i % 20 == 0 else b"line %04d " % i) + b"." * 90 for i in range(4000)]
+    c = service.client()
+    pid = c.post("/v1/projects", json={"name": "big", "files": {}}).json()["id"]
+    store = service.store
+    turn = store.start_turn(pid, "big file")
+    store.write_file(turn.id, "big.txt", b"\n".join(lines) + b"\n")
+    store.write_file(turn.id, "small.txt", b"match here\n")
+    expected = [("big.txt", i + 1) for i in range(0, 4000, 20)] + [("small.txt", 1)]
+    seen: list[tuple[str, int]] = []
+    params: dict[str, Any] = {"q": "match", "context": 100, "max_results": 10_000}
+    pages = 0
+    while True:
+        r = c.get(f"/v1/projects/{pid}/view/search", params=params)
+        assert r.status_code == 200, r.text
+        assert len(r.content) <= PAGE_BYTES
+        page = r.json()
+        pages += 1
+        seen += [(m["path"], m["line_number"]) for m in page["matches"]]
+        assert all(len(m["before"]) <= 100 and len(m["after"]) <= 100 for m in page["matches"])
+        if not page["truncated"]:
+            assert page["next_cursor"] is None
+            break
+        params["cursor"] = page["next_cursor"]
+    assert pages > 1
+    assert seen == expected  # every match once, in order

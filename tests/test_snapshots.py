@@ -268,6 +268,41 @@ def test_materialize_refuses_a_non_empty_destination_and_replace_never_follows_l
     assert a_file.read_bytes() == b"x"
 
 
+def test_materialize_replace_never_writes_through_a_link_planted_mid_run(store: Store, tmp_path: Path,
+                                                                        monkeypatch: Any) -> None:
+    """Someone plants ``out/src -> elsewhere`` after ``--replace`` cleared ``out`` and before the
+    tree is written (as a loop planting it would, at the worst moment): nothing lands in
+    ``elsewhere``, the error is typed, and ``out`` is left empty."""
+    from draftstore import snapshots
+
+    p = make_project(store)
+    work = tmp_path / "work"
+    elsewhere, dest = work / "elsewhere", work / "out"
+    elsewhere.mkdir(parents=True)
+    dest.mkdir()
+    (dest / "old.txt").write_bytes(b"old")
+    real_prepare, planted = snapshots._prepare, []
+
+    def prepare_then_plant(where: Path, replace: bool) -> None:
+        real_prepare(where, replace)
+        if not planted:
+            planted.append(True)
+            os.symlink(elsewhere, where / "src")
+
+    monkeypatch.setattr(snapshots, "_prepare", prepare_then_plant)
+    for attempt in ("rebuild", "snapshot"):
+        if attempt == "snapshot":
+            store.create_snapshot(p.id, "head")
+            planted.clear()
+        with pytest.raises(PathConflict) as err:
+            store.materialize(p.id, dest, state="head", replace=True)
+        assert err.value.details["path"].startswith("src")
+        assert list(elsewhere.iterdir()) == []
+        assert os.listdir(dest) == []  # a failed materialise leaves the target empty
+    assert store.materialize(p.id, dest, state="head", replace=True).path == "snapshot"  # no link: it works
+    assert tree_on_disk(dest) == expected_tree(FILES, set(EXECUTABLE))
+
+
 def test_materialize_errors_name_what_is_missing(store: Store, tmp_path: Path) -> None:
     empty = store.create_project("empty")
     with pytest.raises(StateNotFound):

@@ -434,3 +434,75 @@ def test_move_file_refuses_to_replace_a_file_unless_overwrite(store):
     store.move_file(t.id, "other.py", "main.py", overwrite=True)
     view = store.view(p.id)
     assert view.read_text("main.py") == "O = 1\n" and not view.exists("other.py")
+
+
+# -- a patch's work is bounded ---------------------------------------------------------------------
+def doubling_patch(copies: int) -> list:
+    """About 1.3 KB that asks for 2^copies elements: each copy appends /z to itself."""
+    return [{"op": "add", "path": "/z", "value": ["x"]}] + [{"op": "copy", "from": "/z", "path": "/z/-"}] * copies
+
+
+def test_a_patch_that_doubles_the_document_is_refused_before_it_grows(store_factory):
+    import tracemalloc
+
+    limit = 64 * 1024
+    store = store_factory(settings=Settings(limits=Limits(max_json_state_bytes=limit)))
+    p, t = running_turn(store)
+    before = snapshot(store, p.id)
+    tracemalloc.start()
+    try:
+        with pytest.raises(PayloadTooLarge) as exc:
+            store.patch_characters(t.id, doubling_patch(30))
+        with pytest.raises(PayloadTooLarge):
+            store.patch_world_settings(t.id, doubling_patch(30))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc.value.code == "payload.too_large"
+    # the document never grew far past its limit while the patch ran (Python objects
+    # take some tens of times their JSON text)
+    assert peak < 64 * limit
+    assert snapshot(store, p.id)[1:] == before[1:]
+    # the turn goes on: a legal copy still works
+    assert store.patch_characters(t.id, doubling_patch(2))["z"] == ["x", ["x"], ["x", ["x"]]]
+    new = store.patch_characters(t.id, [{"op": "copy", "from": "/hero", "path": "/twin"}])
+    assert new["twin"] == new["hero"] == {"name": "Ada", "hp": 10}
+
+
+def test_a_patch_of_too_many_operations_is_refused(store):
+    from draftstore.patches import MAX_PATCH_OPS
+
+    p, t = running_turn(store, characters={"n": 0})
+    before = snapshot(store, p.id)
+    with pytest.raises(PatchInvalid) as exc:
+        store.patch_characters(t.id, [{"op": "replace", "path": "/n", "value": i} for i in range(MAX_PATCH_OPS + 1)])
+    assert exc.value.details["limit"] == MAX_PATCH_OPS
+    assert snapshot(store, p.id)[1:] == before[1:]
+    assert store.patch_characters(t.id, [{"op": "replace", "path": "/n", "value": i} for i in range(100)]) == {"n": 99}
+
+
+def test_a_patch_that_copies_too_much_is_refused_even_if_the_result_fits(store_factory):
+    store = store_factory(settings=Settings(limits=Limits(max_json_state_bytes=2000)))
+    p, t = running_turn(store, characters={"big": "x" * 600})
+    before = snapshot(store, p.id)
+    # each step copies 600 bytes in and takes them out again: the result stays small, the work does not
+    churn = [{"op": "copy", "from": "/big", "path": "/tmp"}, {"op": "remove", "path": "/tmp"}] * 20
+    with pytest.raises(PatchInvalid) as exc:
+        store.patch_characters(t.id, churn)
+    assert exc.value.code == "patch.invalid" and "more than 8000 bytes" in str(exc.value)
+    assert snapshot(store, p.id)[1:] == before[1:]
+    assert store.patch_characters(t.id, churn[:4]) == {"big": "x" * 600}
+
+
+def test_the_doubling_patch_over_http_is_413_and_the_agent_goes_on(service):
+    """The same 1.3 KB patch an agent could send through REST (MCP calls the same store method)."""
+    c = service.client()
+    pid = c.post("/v1/projects", json={"name": "doubling", "characters": {"hero": {"hp": 1}}}).json()["id"]
+    tid = c.post(f"/v1/projects/{pid}/turns", json={"user_message": "x"}).json()["id"]
+    for doc in ("characters", "world-settings"):
+        r = c.patch(f"/v1/turns/{tid}/{doc}", json={"patch": doubling_patch(30)})
+        assert r.status_code == 413 and r.json()["code"] == "payload.too_large", r.text
+    assert service.store.view(pid).characters == {"hero": {"hp": 1}}
+    assert service.store.view(pid).world_settings == {}
+    r = c.patch(f"/v1/turns/{tid}/characters", json={"patch": [{"op": "copy", "from": "/hero", "path": "/twin"}]})
+    assert r.status_code == 200 and r.json() == {"hero": {"hp": 1}, "twin": {"hp": 1}}, r.text

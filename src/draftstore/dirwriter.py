@@ -12,9 +12,13 @@ few writer threads create the files.
 
 Guarantees:
 
-- every file is created below ``dest`` with ``O_NOFOLLOW`` (a link in its place
-  is never followed) and gets exactly mode 0o644 or 0o755, whatever the umask
-  or a default ACL;
+- nothing is ever written outside ``dest``, even if links are planted in it
+  while it is written: every directory and file is made and opened relative to
+  its parent's open descriptor, with ``O_NOFOLLOW``, starting from ``dest``'s
+  (no path below ``dest`` is resolved by name). A link where the tree needs a
+  directory or a file raises ``path.conflict``;
+- every file gets exactly mode 0o644 or 0o755, whatever the umask or a default
+  ACL;
 - a path written twice raises ``IntegrityError`` on the calling thread, before
   anything more is queued;
 - ``close`` returns once every queued file is written, or raises the first
@@ -46,6 +50,55 @@ _QUEUED = 2 * _THREADS
 
 _Batch = list[tuple[str, "bytes | memoryview", bool]]
 
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_FILE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+_LINKED = (errno.ELOOP, errno.ENOTDIR)  # what O_NOFOLLOW (and O_DIRECTORY) answer on a link
+_OPEN_DIRS = 256  # directory descriptors one walker keeps open (then closes them all and starts over)
+
+
+def _planted(path: str, exc: OSError) -> E.PathConflict:
+    return E.PathConflict(f"{path!r} in the target is a link or not a directory; nothing is written through it",
+                          path=path)
+
+
+class _Dirs:
+    """Directories below a root descriptor, each opened relative to its parent's
+    descriptor, never through a link; the descriptors of recent ones are kept."""
+
+    def __init__(self, root: int, create: bool = False) -> None:
+        self.root, self.create = root, create
+        self.open: dict[str, int] = {}
+
+    def fd(self, rel: str) -> int:
+        """The descriptor of directory ``rel`` ('' is the root), made first if ``create``."""
+        if rel == "":
+            return self.root
+        found = self.open.get(rel)
+        if found is not None:
+            return found
+        parent_rel, _, name = rel.rpartition("/")
+        parent = self.fd(parent_rel)
+        if self.create:
+            try:
+                os.mkdir(name, dir_fd=parent)
+            except FileExistsError:
+                pass  # a directory (opened below) or anything else (refused below)
+        try:
+            fd = os.open(name, _DIR_FLAGS, dir_fd=parent)
+        except OSError as exc:
+            if exc.errno in _LINKED:
+                raise _planted(rel, exc) from exc
+            raise
+        if len(self.open) >= _OPEN_DIRS:
+            self.close()  # the new one stays open: its parent is no longer needed for it
+        self.open[rel] = fd
+        return fd
+
+    def close(self) -> None:
+        for fd in self.open.values():
+            os.close(fd)
+        self.open.clear()
+
 
 class DirectoryWriter:
     """Writes files below ``dest`` (module docstring). Directories holding ``files``
@@ -54,8 +107,17 @@ class DirectoryWriter:
     def __init__(self, dest: str | os.PathLike[str], files: Any, threads: int = _THREADS) -> None:
         self.dest = os.fspath(dest)
         self.written: set[str] = set()
-        for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
-            os.makedirs(os.path.join(self.dest, d), exist_ok=True)
+        # the one name resolved by path: every other is opened relative to this descriptor
+        self._root = os.open(self.dest, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        made = _Dirs(self._root, create=True)
+        try:
+            for d in sorted({p.rpartition("/")[0] for p in files if "/" in p}):
+                made.fd(d)
+        except BaseException:
+            os.close(self._root)
+            raise
+        finally:
+            made.close()
         self._chmod = not creation_keeps_modes(self.dest)
         self._batch: _Batch = []
         self._batch_bytes = 0
@@ -91,12 +153,15 @@ class DirectoryWriter:
         if self._error is not None:
             self._stop(skip=True)
             raise self._error
-        target = os.path.join(self.dest, path)
         size = len(data) if isinstance(data, bytes) else data.nbytes
         if size >= _BATCH_BYTES:
-            write_file(target, data, executable, self._chmod)
+            dirs = _Dirs(self._root)
+            try:
+                write_file(dirs, path, data, executable, self._chmod)
+            finally:
+                dirs.close()
             return
-        self._batch.append((target, data if isinstance(data, bytes) else data.tobytes(), executable))
+        self._batch.append((path, data if isinstance(data, bytes) else data.tobytes(), executable))
         self._batch_bytes += size
         if len(self._batch) >= _BATCH_FILES or self._batch_bytes >= _BATCH_BYTES:
             self._flush()
@@ -122,24 +187,35 @@ class DirectoryWriter:
         for t in self._threads:
             t.join()
         self._threads = []
+        os.close(self._root)
 
     def _work(self) -> None:
         while (batch := self._queue.get()) is not None:
             if self._error is not None or self._abandoned:
                 continue  # drained, not written: the producer never blocks on a dead writer
+            dirs = _Dirs(self._root)
             try:
-                for target, data, executable in batch:
-                    write_file(target, data, executable, self._chmod)
+                for path, data, executable in batch:
+                    write_file(dirs, path, data, executable, self._chmod)
             except BaseException as exc:  # handed to the calling thread by close() or write()
                 if self._error is None:
                     self._error = exc
+            finally:
+                dirs.close()
 
 
-def write_file(target: str, data: bytes | memoryview, executable: bool, chmod: bool = True) -> None:
-    """Create ``target`` (never through a link) holding ``data``, mode 0o755 or 0o644;
-    ``chmod=False`` trusts the creation mode (see ``creation_keeps_modes``)."""
+def write_file(dirs: _Dirs, path: str, data: bytes | memoryview, executable: bool, chmod: bool = True) -> None:
+    """Create ``path`` below the root of ``dirs`` (never through a link: ``path.conflict``)
+    holding ``data``, mode 0o755 or 0o644; ``chmod=False`` trusts the creation mode (see
+    ``creation_keeps_modes``)."""
     mode = 0o755 if executable else 0o644
-    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    parent, _, name = path.rpartition("/")
+    try:
+        fd = os.open(name, _FILE_FLAGS, mode, dir_fd=dirs.fd(parent))
+    except OSError as exc:
+        if exc.errno in _LINKED:
+            raise _planted(path, exc) from exc
+        raise
     try:
         view = memoryview(data)
         while view:

@@ -5,6 +5,15 @@ or '..' segment, not absolute, no NUL or control character, no backslash, no
 Windows drive prefix, and within the length and depth limits. ``normalize_path``
 returns the canonical form; every other module trusts only that form. Object
 keys are never derived from paths.
+
+One name has one spelling, so two different inputs never land on one file
+and one name never makes two files:
+- a path holding U+FFFD (the replacement character) is refused: it is what a
+  lossy decoder leaves of bytes that were not UTF-8 (an HTTP server decodes
+  ``%FF`` and ``%FE`` both to U+FFFD), so it cannot say which name was meant;
+- a path that is not in Unicode normal form C is refused (the details give
+  its NFC spelling): ``e`` + U+0301 and U+00E9 look alike and would otherwise
+  be two files.
 """
 
 from __future__ import annotations
@@ -24,10 +33,10 @@ _ASCII_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 _DEFAULT_LIMITS = Limits.model_construct()  # the documented defaults; a store passes its own
 
 
-def _deny(reason: str, path: object) -> PathDenied:
+def _deny(reason: str, path: object, **details: str) -> PathDenied:
     shown = repr(path)[:200]  # quoted in the message: control characters and spaces stay visible
     detail = path[:200] if isinstance(path, str) else shown
-    return PathDenied(f"path {shown} denied: {reason}", path=detail, reason=reason)
+    return PathDenied(f"path {shown} denied: {reason}", path=detail, reason=reason, **details)
 
 
 def normalize_path(path: object, limits: Limits | None = None) -> str:
@@ -35,7 +44,8 @@ def normalize_path(path: object, limits: Limits | None = None) -> str:
 
     The canonical form drops a single leading './' and repeated or trailing
     '/' separators are refused rather than repaired, so two spellings never
-    name the same file silently. Raises ``PathDenied`` (``path.denied``).
+    name the same file silently; so are U+FFFD and a path not in NFC (the
+    details' ``nfc`` is the spelling to use). Raises ``PathDenied`` (``path.denied``).
     """
     lim = limits or _DEFAULT_LIMITS
     if not isinstance(path, str):
@@ -56,6 +66,10 @@ def normalize_path(path: object, limits: Limits | None = None) -> str:
         for ch in path:
             if unicodedata.category(ch) in ("Cc", "Cs") or ch in "\u2028\u2029":
                 raise _deny("control character", path)
+        if "\ufffd" in path:
+            raise _deny("replacement character U+FFFD (bytes that were not UTF-8)", path)
+        if not unicodedata.is_normalized("NFC", path):
+            raise _deny("not in Unicode normal form C", path, nfc=unicodedata.normalize("NFC", path)[:200])
     if "\\" in path:
         raise _deny("backslash", path)
     # drop the one optional './' first, so every later rule sees the canonical form

@@ -31,6 +31,7 @@ only and ``**/*.py`` any depth. An unclosed ``[`` raises ``pattern.invalid``.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,11 +43,15 @@ import stringzilla
 from .errors import PatternInvalid
 
 __all__ = ["compile_glob", "glob_base", "Glob", "SearchMatch", "SearchResult", "Searcher", "MAX_RESULTS_CAP",
-           "RE2_SYNTAX_URL"]
+           "RE2_SYNTAX_URL", "PAGE_BYTES", "PAGE_LINE_BYTES", "paged"]
 
 RE2_SYNTAX_URL = "https://github.com/google/re2/wiki/Syntax"
 MAX_RESULTS_CAP = 10_000
 _BINARY_SNIFF = 8192
+PAGE_BYTES = 1 << 20  # one page of search results over HTTP, as JSON, at most
+PAGE_LINE_BYTES = 2048  # one line (or context line) of a page, as JSON; longer ones are clipped
+# what a page holds besides its matches (counts, flags, a cursor naming a path of up to 1 KiB)
+_PAGE_OVERHEAD = 4096
 _GLOB_CHARS = set("*?[")
 _GLOB_WILDCARDS = {"*": "[^/]*", "?": "[^/]"}
 
@@ -206,9 +211,10 @@ class SearchMatch:
 @dataclass
 class SearchResult:
     matches: list[SearchMatch] = field(default_factory=list)
-    truncated: bool = False  # True: more matches exist than max_results
+    truncated: bool = False  # True: more matches exist than max_results (or than the byte budget holds)
     files_searched: int = 0
     binary_files_skipped: int = 0  # binary files the pattern occurs in (so not reported)
+    lines_clipped: bool = False  # True: a line (or context line) was cut short to fit a page (``paged``)
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(self.matches)
@@ -267,11 +273,14 @@ class Searcher:
     """One search: a literal or RE2 pattern, context lines and a result cap. ``run`` reports every
     line the pattern matches within (module docstring), in file then line order, at most
     ``max_results``; with ``after=(path, line)``, only the lines after that one in that order
-    (the next page of an earlier search). Raises ``pattern.invalid`` for a bad pattern or
-    argument, before any search."""
+    (the next page of an earlier search). With ``max_bytes``, it also stops (``truncated``)
+    before the match that would take its lines and context past that many characters (the
+    first match is always kept), so what a search holds is bounded however wide its
+    context. Raises ``pattern.invalid`` for a bad pattern or argument, before any search."""
 
     def __init__(self, pattern: str, *, regex: bool = False, context: int = 0, max_results: int = 100,
-                 ignore_case: bool = False, after: tuple[str, int] | None = None) -> None:
+                 ignore_case: bool = False, after: tuple[str, int] | None = None,
+                 max_bytes: int | None = None) -> None:
         if not isinstance(pattern, str) or pattern == "":
             raise PatternInvalid("a search pattern is a non-empty string")
         if len(pattern) > 4096:
@@ -282,6 +291,7 @@ class Searcher:
         if not isinstance(max_results, int) or not 1 <= max_results <= MAX_RESULTS_CAP:
             raise PatternInvalid(f"max_results is an integer from 1 to {MAX_RESULTS_CAP}", max_results=max_results)
         self.context, self.max_results = context, max_results
+        self._bytes_left = max_bytes  # None: no byte budget
         if after is not None and not (isinstance(after, tuple) and len(after) == 2 and isinstance(after[0], str)
                                       and isinstance(after[1], int) and not isinstance(after[1], bool)
                                       and after[1] >= 0):
@@ -339,6 +349,17 @@ class Searcher:
         """Lines of ``path`` up to this number were reported on an earlier page."""
         return self._after[1] if self._after is not None and path == self._after[0] else 0
 
+    def _over_budget(self, line: int, before: tuple[str, ...], after: tuple[str, ...],
+                     matches: list[SearchMatch]) -> bool:
+        """True if a match of these sizes does not fit what is left of ``max_bytes`` (and one
+        is already kept); else it is taken out of the budget."""
+        size = line + sum(map(len, before)) + sum(map(len, after))
+        assert self._bytes_left is not None
+        if size > self._bytes_left and matches:
+            return True
+        self._bytes_left -= size
+        return False
+
     def _run_literal(self, files: Iterable[tuple[str, Callable[[], bytes]]], needle: bytes) -> SearchResult:
         """``run`` for a literal without "\\n": every match lies inside one line, so a matching line
         costs a few C calls -- SIMD searches for the next match past the previous line's end and
@@ -386,9 +407,13 @@ class Searcher:
                     result.truncated = True
                     result.files_searched = searched
                     return result
-                left -= 1
                 if c:
                     before, after = _context(data, ls, le, c)
+                if self._bytes_left is not None and self._over_budget(le - ls, before, after, matches):
+                    result.truncated = True
+                    result.files_searched = searched
+                    return result
+                left -= 1
                 text = data[ls:le - 1 if strip_cr and le > ls and data[le - 1] == 0x0D else le]
                 append(SearchMatch(path, line_number, text.decode("utf-8", "replace"), before, after))
                 at = find(data, needle, le + 1) if le < n else -1
@@ -416,7 +441,50 @@ class Searcher:
                     result.truncated = True
                     return True
                 before, after = _context(data, ls, le, c)
+                if self._bytes_left is not None and self._over_budget(le - ls, before, after, matches):
+                    result.truncated = True
+                    return True
                 text = data[ls:le].decode("utf-8", "replace")
                 matches.append(SearchMatch(path, line_number, text, before, after))
             hit = find(data, le + 1, n) if le < n else None
         return False
+
+
+def _json_len(text: str) -> int:
+    """Bytes of ``text`` as a JSON string's content (UTF-8, escapes included)."""
+    return len(json.dumps(text, ensure_ascii=False).encode("utf-8")) - 2
+
+
+def _clip_line(line: str, limit: int) -> tuple[str, bool]:
+    """``line`` cut so that it takes at most ``limit`` bytes in JSON (never inside a character)."""
+    if len(line) * 6 <= limit or _json_len(line) <= limit:  # no character takes more than 6 (a \u00XX escape)
+        return line, False
+    cut = line.encode("utf-8")[:limit].decode("utf-8", "ignore")
+    if _json_len(cut) > limit:  # escapes (quotes, backslashes, control characters) made it longer
+        cut = line[:limit // 6]
+    return cut, True
+
+
+def paged(result: SearchResult, page_bytes: int = PAGE_BYTES, line_bytes: int = PAGE_LINE_BYTES) -> SearchResult:
+    """The leading matches of ``result`` that fit one page: each line and context line
+    clipped to ``line_bytes`` as JSON (``lines_clipped``), and the matches together at
+    most ``page_bytes`` of JSON with the rest of the page; past it the page is
+    ``truncated``, to go on after its last match. With the defaults, one match (100
+    context lines either side) always fits, so every page holds at least one."""
+    room = page_bytes - _PAGE_OVERHEAD
+    kept: list[SearchMatch] = []
+    clipped = False
+    for m in result.matches:
+        line, c = _clip_line(m.line, line_bytes)
+        before = [_clip_line(x, line_bytes) for x in m.before]
+        after = [_clip_line(x, line_bytes) for x in m.after]
+        # the match's members, their keys and separators, and each line's quotes and comma
+        size = (80 + _json_len(m.path) + len(str(m.line_number)) + _json_len(line)
+                + sum(_json_len(x) + 3 for x, _ in before + after))
+        if size > room and kept:
+            return SearchResult(kept, True, result.files_searched, result.binary_files_skipped, clipped)
+        room -= size
+        clipped = clipped or c or any(x[1] for x in before + after)
+        kept.append(SearchMatch(m.path, m.line_number, line, tuple(x for x, _ in before),
+                                tuple(x for x, _ in after)))
+    return SearchResult(kept, result.truncated, result.files_searched, result.binary_files_skipped, clipped)

@@ -19,43 +19,36 @@ turn ended and is refused with ``turn.not_running``.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from concurrent.futures import Future
 from typing import Any
 
-import jsonpatch
 import sqlalchemy as sa
 from sqlalchemy.engine import Connection
 
 from . import errors as E
-from . import faults
+from . import faults, patches
 from . import validation as check
 from .backends import Backends
 from .db.tables import C, D, T
 from .digest import Digest, digest_of
+from .patches import merge_patch
 from .paths import normalize_path, parent_dirs
 from .records import TurnStatus
 from .trees import CachedNodes, FileEntry, StagedTree, file_entry
 
 __all__ = ["Staging", "merge_patch"]
 
+# attempts to patch a document read without a lock before patching it under the lock
+_UNLOCKED_PATCH_ATTEMPTS = 3
+
 # above this many paths, a batch reads the whole overlay instead of targeted rows
 _TARGETED_OVERLAY_MAX = 16
 _RUNNING = TurnStatus.RUNNING.value
 
 
-def merge_patch(target: Any, patch: Any) -> Any:
-    """RFC 7386 JSON Merge Patch (``target`` is not modified)."""
-    if not isinstance(patch, dict):
-        return copy.deepcopy(patch)
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = merge_patch(result.get(key), value)
-    return result
+class _Changed(Exception):
+    """The document changed between its unlocked read and the lock."""
 
 
 def _overlay_condition(n_paths: int) -> Any:
@@ -233,25 +226,48 @@ class Staging:
     # -- characters and world settings ---------------------------------------------------------
     def patch(self, turn_id: str, column: str, field: str, patch: Any) -> Any:
         """Apply a JSON Patch (a list, RFC 6902) or Merge Patch (a dict, RFC 7386)
-        to one JSON document of the draft; returns the new value. Atomic."""
+        to one JSON document of the draft; returns the new value. Atomic. The
+        work is bounded (``draftstore.patches``) and done with nothing locked: the
+        document is read, patched, and written under the draft's lock only if it
+        is still the one patched (else patched again; after a few lost races,
+        under the lock, where the same bounds hold). Raises ``patch.invalid``,
+        ``payload.too_large``, ``turn.not_running``."""
         check.turn_id(turn_id)
         if not isinstance(patch, (list, dict)):
             raise E.PatchInvalid("a patch is a JSON Patch list or a JSON Merge Patch object", field=field)
         # the patch itself must be JSON (a non-JSON value is the patch's fault, not the result's)
         check.json_value("patch", patch, self.b.limits.max_json_state_bytes, error=E.PatchInvalid)
-        with self.b.tx() as conn:
-            draft = self._lock(conn, turn_id)
-            current = getattr(draft, column)
-            if isinstance(patch, list):
-                try:
-                    new = jsonpatch.JsonPatch(patch).apply(current)
-                except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException, TypeError, KeyError,
-                        ValueError, AttributeError, IndexError, RecursionError) as exc:  # Recursion: copies nesting
-                    raise E.PatchInvalid(f"JSON Patch not applicable to {field}: {exc}", field=field) from exc
-            else:
-                new = merge_patch(current, patch)
-            # a result that is not a document the store keeps (too deep, too large) is the patch's fault
-            text = check.json_value(field, new, self.b.limits.max_json_state_bytes, error=E.PatchInvalid)
-            conn.execute(D.update().where(D.c.id == draft.id).values(**{column: text}))
+        read = sa.select(T.c.status, D.c[column]).select_from(T.join(D, D.c.id == T.c.draft_id)).where(
+            T.c.id == sa.bindparam("turn_id"))
+        seen: Any = None
+        for attempt in range(_UNLOCKED_PATCH_ATTEMPTS + 1):
+            unlocked = attempt < _UNLOCKED_PATCH_ATTEMPTS
+            if unlocked:
+                with self.b.tx(read_only=True) as conn:
+                    row = conn.execute(read, {"turn_id": turn_id}).first()
+                if row is None or row.status != _RUNNING:  # the lock below says why it is refused
+                    unlocked = False
+                else:
+                    seen = row[1]
+                    new, text = self._patched(seen, patch, field)
+            try:
+                with self.b.tx() as conn:
+                    draft = self._lock(conn, turn_id)
+                    current = getattr(draft, column)
+                    if not unlocked:
+                        new, text = self._patched(current, patch, field)
+                    elif current != seen:
+                        raise _Changed  # rolls the transaction back: patch the new document
+                    conn.execute(D.update().where(D.c.id == draft.id).values(**{column: text}))
+            except _Changed:
+                continue
+            break
         self.b.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
         return new
+
+    def _patched(self, current: Any, patch: Any, field: str) -> tuple[Any, check.JSONText]:
+        """The patched document and its stored text; the patch's fault if it cannot be kept."""
+        limit = self.b.limits.max_json_state_bytes
+        new = patches.apply(current, patch, field, limit) if isinstance(patch, list) else merge_patch(current, patch)
+        # a result that is not a document the store keeps (too deep, too large) is the patch's fault
+        return new, check.json_value(field, new, limit, error=E.PatchInvalid)

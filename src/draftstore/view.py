@@ -277,6 +277,7 @@ class View:
         max_results: int = 100,
         ignore_case: bool = False,
         after: tuple[str, int] | None = None,
+        max_bytes: int | None = None,
     ) -> SearchResult:
         """Lines matching ``pattern`` (a literal, or an RE2 regex with ``regex=True``).
 
@@ -289,10 +290,12 @@ class View:
         ``context`` lines before and after. At most ``max_results`` matches;
         ``truncated`` says more exist, and ``after=(path, line)`` of the last
         match reported goes on from there (the matches that come after it in
-        file then line order). Raises ``pattern.invalid``.
+        file then line order). With ``max_bytes``, it also stops (``truncated``)
+        before the match whose lines would take the characters found past
+        that budget (the first match is always kept). Raises ``pattern.invalid``.
         """
         searcher = Searcher(pattern, regex=regex, context=context, max_results=max_results,
-                            ignore_case=ignore_case, after=after)
+                            ignore_case=ignore_case, after=after, max_bytes=max_bytes)
         rx = compile_glob(glob) if glob else None
         base = glob_base(glob) if glob else ""
         if base and not self.is_dir(base):

@@ -55,8 +55,13 @@ class Collected:
 
 
 def _ignore_spec(directory: Path) -> pathspec.PathSpec | None:
+    """The rules of ``.draftstoreignore``, a regular file; a link there is not followed (the
+    walk reports it among the skipped links, and skipped it is)."""
     f = directory / IGNORE_FILE
-    if not f.is_file():
+    try:
+        if not stat.S_ISREG(f.lstat().st_mode):
+            return None
+    except FileNotFoundError:
         return None
     return pathspec.GitIgnoreSpec.from_lines(f.read_text(encoding="utf-8", errors="replace").splitlines())
 
@@ -64,23 +69,30 @@ def _ignore_spec(directory: Path) -> pathspec.PathSpec | None:
 def _read_state(path: Path) -> dict[str, Any]:
     try:
         state = json.loads(path.read_bytes())
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise E.InvalidInput(f"{path} is not a draftstore state file: {exc}", path=str(path)) from exc
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:  # Recursion: nested past the parser's depth
+        reason = "nested too deep" if isinstance(exc, RecursionError) else str(exc)
+        raise E.InvalidInput(f"{path} is not a draftstore state file: {reason}", path=str(path)) from exc
     if not isinstance(state, dict) or not {"characters", "world_settings"} & state.keys():
         raise E.InvalidInput(f"{path} is not a draftstore state file (no characters or world_settings)",
                              path=str(path))
     return state
 
 
+def _unreadable(exc: OSError) -> None:
+    raise exc  # os.walk would skip the directory and go on
+
+
 def collect(directory: Path, tick: Callable[[], None] = lambda: None) -> Collected:
     """Every regular file below ``directory`` that is not ignored, read into memory.
 
     Symlinks (to files or directories) are never followed; they and special
-    files are listed in ``links``/``special`` for the caller to report.
+    files are listed in ``links``/``special`` for the caller to report. A
+    directory that cannot be read raises its ``OSError``: nothing below it is
+    dropped silently.
     """
     out = Collected()
     spec = _ignore_spec(directory)
-    for root, dirs, names in os.walk(directory):
+    for root, dirs, names in os.walk(directory, onerror=_unreadable):
         base = Path(root)
         rel_root = base.relative_to(directory).as_posix()
         prefix = "" if rel_root == "." else rel_root + "/"
@@ -126,6 +138,8 @@ def import_dir(directory: Path, name: str | None) -> None:
     Honours DIRECTORY/.draftstoreignore (gitignore syntax); skips .git,
     __pycache__ and .draftstore; symlinks are skipped and reported. A
     .draftstore-state.json written by `export` sets characters and world settings.
+    A directory or file that cannot be read fails the import (io.error, exit 5):
+    nothing is created.
     """
     with progress_bar() as progress:
         task = progress.add_task("reading files", total=None)

@@ -15,6 +15,7 @@ from starlette.responses import Response
 from ... import errors as E
 from ... import paging
 from ...records import Page, Role
+from ...search import PAGE_BYTES, paged
 from ...store import Store
 from ...view import DirEntry, FileStat, PathList, View
 from ..auth import ANY, Allow, Principal, StoreDep, project_scope
@@ -106,14 +107,17 @@ def search_code(project_id: str, q: str, store: StoreDep, regex: bool = False, g
                 context: Annotated[int, Query(ge=0, le=100)] = 0,
                 max_results: Annotated[int, Query(ge=1, le=10_000)] = 100, ignore_case: bool = False,
                 at: At = "draft", cursor: Cursor = None, principal: Principal = Allow(*ANY)) -> JSON:
-    """Matching lines in file then line order, ``max_results`` at a time: ``truncated``
-    when more match, and ``next_cursor`` to read them (the same ``q``, ``regex``,
-    ``glob`` and ``ignore_case``; a state that changed meanwhile is searched as it is now)."""
+    """Matching lines in file then line order, ``max_results`` at a time and at most
+    ``search.PAGE_BYTES`` of JSON (lines clipped at ``search.PAGE_LINE_BYTES``:
+    ``lines_clipped``): ``truncated`` when more match, and ``next_cursor`` to read them
+    (the same ``q``, ``regex``, ``glob`` and ``ignore_case``; a state that changed
+    meanwhile is searched as it is now)."""
     key = paging.decode("search", cursor, (str, int))
     if key is not None and key[1] < 1:
         raise E.InvalidInput("cursor is not one this list handed out", field="cursor")
     view = _view(store, principal, project_id, at)
-    found = view.search_code(q, regex=regex, glob=glob, context=context, max_results=max_results,
-                             ignore_case=ignore_case, after=(key[0], key[1]) if key else None)
+    found = paged(view.search_code(q, regex=regex, glob=glob, context=context, max_results=max_results,
+                                   ignore_case=ignore_case, after=(key[0], key[1]) if key else None,
+                                   max_bytes=PAGE_BYTES))
     last = found.matches[-1] if found.truncated and found.matches else None
     return JSON(SearchPage.of(found, paging.encode("search", [last.path, last.line_number]) if last else None))
