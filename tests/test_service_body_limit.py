@@ -1,8 +1,10 @@
 """The service's request-size guard (``service.app.BodyLimit``), at the ASGI level.
 
 A body over the limit is refused with 413 ``payload.too_large`` whether its
-length is declared or it comes chunked with none; the route behind never
-runs, so it never holds more than the limit of one request.
+length is declared (the route never runs) or it comes chunked with none (the
+body streams to the route as it arrives, and the read that passes the limit is
+answered 413 while the route hears the client left): no route ever holds more
+than the limit of one request, and the guard buffers nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ class _Route:
     def __init__(self) -> None:
         self.calls = 0
         self.seen: list[Any] = []
+        self.sent: list[Any] = []  # what the client was sent, by the guard or the route
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         self.calls += 1
@@ -54,6 +57,7 @@ def _call(headers: list[tuple[bytes, bytes]], chunks: list[bytes], limit: int,
 
     scope = {"type": "http", "method": "POST", "path": "/v1/projects", "headers": headers}
     asyncio.run(guard(scope, receive, send))
+    route.sent = sent
     status = next((m["status"] for m in sent if m["type"] == "http.response.start"), 0)
     body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
     return route, status, body
@@ -62,17 +66,27 @@ def _call(headers: list[tuple[bytes, bytes]], chunks: list[bytes], limit: int,
 CHUNKED = [(b"transfer-encoding", b"chunked"), (b"content-type", b"application/json")]
 
 
-def test_a_chunked_body_over_the_limit_is_refused_before_the_route_runs() -> None:
+def test_a_chunked_body_over_the_limit_is_refused_once_it_passes_the_limit() -> None:
     route, status, body = _call(CHUNKED, [b"x" * 400] * 5, limit=1000)
-    assert status == 413 and route.calls == 0
+    assert status == 413
     answer = json.loads(body)
     assert answer["code"] == "payload.too_large" and answer["details"]["limit"] == 1000
+    # the route read two chunks (800 bytes), then heard the client leave: it never held more than the limit
+    assert route.seen == ["http.request", "http.request", "http.disconnect"]
 
 
-def test_a_chunked_body_within_the_limit_reaches_the_route_whole() -> None:
+def test_a_chunked_body_within_the_limit_streams_to_the_route_as_it_arrives() -> None:
     route, status, body = _call(CHUNKED, [b"x" * 300] * 3 + [b""], limit=1000)
     assert (status, body, route.calls) == (200, b"900", 1)
-    assert route.seen == ["http.request"]  # handed on as one message
+    assert route.seen == ["http.request"] * 4  # chunk by chunk, nothing buffered in between
+
+
+def test_an_answer_given_before_the_body_is_read_closes_the_connection() -> None:
+    route, status, _ = _call(CHUNKED, [b"x" * 400] * 5, limit=1000)
+    assert status == 413
+    # what the service does not read, it does not wait for: the server closes the connection
+    start = next(m for m in route.sent if m["type"] == "http.response.start")
+    assert (b"connection", b"close") in start["headers"]
 
 
 def test_a_declared_length_over_the_limit_is_refused_unread() -> None:
@@ -84,5 +98,5 @@ def test_a_declared_length_over_the_limit_is_refused_unread() -> None:
 
 def test_a_client_that_leaves_mid_body_is_heard_as_gone_by_the_route() -> None:
     route, status, _ = _call(CHUNKED, [b"x" * 100] * 5, limit=1000, disconnect_after=2)
-    assert route.calls == 1 and route.seen == ["http.disconnect"]
+    assert route.calls == 1 and route.seen == ["http.request", "http.request", "http.disconnect"]
     assert status == 0  # nothing is answered to a client that left

@@ -22,6 +22,7 @@ def serve(host: str, port: int, workers: int) -> None:
     import uvicorn
 
     from ..service.auth import loopback_host
+    from ..service.protocol import BoundedHead
 
     with open_store() as store:  # migrates an embedded database; checks a PostgreSQL one
         tokens = store.tokens.any_active()
@@ -35,8 +36,9 @@ def serve(host: str, port: int, workers: int) -> None:
     shown = here or (f"[{host}]" if ":" in host else host)
     warn(f"serving on {'every address, port ' + str(port) if here else f'http://{shown}:{port}'} "
          f"(admin page: http://{shown}:{port}/admin)")
+    # BoundedHead: uvicorn's httptools protocol, with a bound on a request's headers (protocol.py)
     uvicorn.run("draftstore.service.app:create_app", factory=True, host=host, port=port, workers=workers,
-                access_log=False, log_level="warning")
+                access_log=False, log_level="warning", http=BoundedHead)
 
 
 @main.group()
