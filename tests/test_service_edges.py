@@ -9,6 +9,7 @@ in full: an answer that comes at all proves the service did not wait for the res
 from __future__ import annotations
 
 import json
+import re
 import os
 import select
 import socket
@@ -153,3 +154,26 @@ def test_ordinary_requests_still_pass_the_gate(served: Served) -> None:
         "POST /v1/projects HTTP/1.1", "Host: 127.0.0.1", f"Authorization: Bearer {served.admin}",
         "Content-Type: application/json", f"Content-Length: {len(body)}"]), body)
     assert status == 201, answer
+
+
+def test_a_new_tokens_secret_is_answered_with_no_store(served: Served) -> None:
+    import httpx
+
+    r = httpx.post(f"{served.url}/v1/tokens", json={"role": "agent", "name": "ci"},
+                   headers={"authorization": f"Bearer {served.admin}"})
+    assert r.status_code == 201 and r.json()["token"].startswith("dst_")
+    assert r.headers["cache-control"] == "no-store"  # no proxy or browser cache keeps the secret
+
+
+def test_the_api_docs_are_served_from_the_package_under_the_admin_pages_policy(served: Served) -> None:
+    import httpx
+
+    page = httpx.get(f"{served.url}/docs")
+    assert page.status_code == 200 and "script-src 'self'" in page.headers["content-security-policy"]
+    assert "cdn" not in page.text and "https://" not in page.text  # nothing from a third party's host
+    assert "<script>" not in page.text  # no inline script: the policy would block it
+    for src in re.findall(r'(?:src|href)="([^"]+)"', page.text):
+        asset = httpx.get(f"{served.url}{src}")
+        assert asset.status_code == 200 and asset.content, src
+    assert httpx.get(f"{served.url}/docs/static/..%2Fpasswd").status_code == 404
+    assert httpx.get(f"{served.url}/redoc").status_code == 404  # FastAPI's ReDoc page loads from a CDN: not served

@@ -20,7 +20,7 @@ from .. import __version__
 from ..heap import tune_collector
 from ..mcpserver import mcp_http_app
 from ..store import Store
-from . import admin, errors, fastlane
+from . import admin, docs, errors, fastlane
 from .auth import Authenticator, TurnProjects
 from .gate import Gate, carries_body
 from .threads import set_turn_threads
@@ -72,7 +72,8 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
             if owned:
                 s.close()
 
-    app = _App(title="draftstore", version=__version__, lifespan=lifespan,
+    # docs_url/redoc_url None: FastAPI's pages load their scripts from a CDN; /docs is served from the package (docs.py)
+    app = _App(title="draftstore", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None,
                description="The state store behind AI agents that edit a project over many turns.")
     errors.install(app)
 
@@ -81,6 +82,7 @@ def create_app(store: Store | None = None, *, fast_lane: bool = True) -> FastAPI
     for router in routers:
         app.include_router(router)
     app.include_router(admin.router)  # the admin web page at /admin (not in the OpenAPI document)
+    app.include_router(docs.router)  # the API's documentation at /docs, Swagger UI from the package (docs.py)
     if fast_lane:  # the agent's hottest requests, served in front of FastAPI's stack (fastlane.py)
         app.fast_lane = fastlane.build(app, routers)
     app.mount("/mcp", mcp)  # /mcp/projects/{project_id}[/turns/{turn_id}] (docs/mcp.md)
