@@ -534,3 +534,33 @@ def test_move_file_does_not_replace_an_existing_file_unless_asked(inproc: InProc
     assert view(inproc.project_id).read_file("a.py") == b"A = 1\n" and view(inproc.project_id).exists("b.py")
     ok(inproc.call("move_file", {"src": "b.py", "dst": "a.py", "overwrite": True}))
     assert view(inproc.project_id).read_file("a.py") == b"B = 2\n" and not view(inproc.project_id).exists("b.py")
+
+
+# -- edges: the optional server stream, the wrong directory ------------------------------
+def test_http_get_is_405_since_the_server_offers_no_stream_of_its_own(service: Service) -> None:
+    project_id = new_project(service.store)
+    agent = service.token("agent", project_id)
+    with httpx.Client(base_url=service.url, headers={"authorization": f"Bearer {agent}"}, timeout=20) as c:
+        for method in ("GET", "DELETE"):
+            # streamed: an answer that is an endless event stream fails here instead of hanging the test
+            with c.stream(method, f"/mcp/projects/{project_id}", headers={"accept": "text/event-stream"}) as r:
+                assert r.status_code == 405 and r.headers["allow"] == "POST", method
+                assert json.loads(r.read())["code"] == "method.not_allowed"
+        # still authenticated first: no token is 401, whatever the method
+        assert httpx.get(f"{service.url}/mcp/projects/{project_id}", timeout=20).status_code == 401
+
+
+def test_mcp_started_where_no_store_is_refuses_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSTORE_")}
+    for command in (["-m", "draftstore.cli", "mcp", "--project", "0" * 32],
+                    ["-m", "draftstore.mcpserver", "--project", "0" * 32]):
+        run = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, cwd=empty,
+                             timeout=60, stdin=subprocess.DEVNULL)
+        assert run.returncode != 0 and run.stdout == ""
+        assert "config.invalid" in run.stderr and "no draftstore database" in run.stderr, run.stderr
+        assert list(empty.iterdir()) == []  # no .draftstore/ made in the wrong place

@@ -99,8 +99,9 @@ def mcp(project: str, turn: str | None) -> None:
 
     Every tool call is recorded in the turn's tool-call history.
     """
-    from ..mcpserver import serve_stdio
+    from ..mcpserver import require_store, serve_stdio
 
+    require_store()  # an embedded store that does not exist is not created here (config.invalid)
     with open_store() as store:
         ids = Ids(store)
         project_id = ids.project(project)
