@@ -564,3 +564,51 @@ def test_mcp_started_where_no_store_is_refuses_and_leaves_nothing_behind(tmp_pat
         assert run.returncode != 0 and run.stdout == ""
         assert "config.invalid" in run.stderr and "no draftstore database" in run.stderr, run.stderr
         assert list(empty.iterdir()) == []  # no .draftstore/ made in the wrong place
+
+
+# -- result shapes ------------------------------------------------------------------------
+class SchemaChecked:
+    """A client session whose every tool result is checked against the tool's declared
+    ``outputSchema``, and whose every tool error is checked to carry its code and message in
+    the structured content as in the text."""
+
+    def __init__(self, session: ClientSession, schemas: dict[str, dict[str, Any]]) -> None:
+        self.session = session
+        self.schemas = schemas
+        self.checked: set[str] = set()
+
+    async def list_tools(self) -> Any:
+        return await self.session.list_tools()
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        import jsonschema
+
+        result = await self.session.call_tool(name, arguments)
+        if result.is_error:
+            error = result.structured_content["error"]
+            assert isinstance(error["code"], str) and isinstance(error["message"], str)
+            assert result.content[0].text == f"[{error['code']}] {error['message']}"
+        else:
+            jsonschema.validate(result.structured_content, self.schemas[name])
+            self.checked.add(name)
+        return result
+
+
+def test_http_every_tool_declares_its_result_shape_and_every_result_matches_it(service: Service) -> None:
+    store = service.store
+    project_id = new_project(store)
+    turn_id = store.start_turn(project_id, "add a dragon").id
+    agent = service.token("agent", project_id=project_id)
+
+    async def run() -> set[str]:
+        async with http_session(f"{service.url}/mcp/projects/{project_id}/turns/{turn_id}", agent) as s:
+            schemas = {t.name: t.output_schema for t in (await s.list_tools()).tools}
+            for name, schema in schemas.items():  # a shape of its own, not "any object"
+                assert schema and schema["type"] == "object" and schema["properties"], name
+                assert schema.get("additionalProperties") is False, name
+            assert set(schemas["view_file"]["required"]) >= {"path", "content", "truncated", "next_start_line"}
+            checked = SchemaChecked(s, schemas)
+            await every_tool(checked)  # type: ignore[arg-type]
+            return checked.checked
+
+    assert anyio.run(run) == TOOL_NAMES  # a result of every tool was checked against its schema
