@@ -39,10 +39,19 @@ class _Route:
         await send({"type": "http.response.body", "body": str(len(body)).encode()})
 
 
+class _Ignoring(_Route):
+    """A route that answers without reading the body (an unknown route's 404, a heartbeat)."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        self.calls += 1
+        await send({"type": "http.response.start", "status": 204, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+
 def _call(headers: list[tuple[bytes, bytes]], chunks: list[bytes], limit: int,
-          disconnect_after: int | None = None) -> tuple[_Route, int, bytes]:
+          disconnect_after: int | None = None, route: _Route | None = None) -> tuple[_Route, int, bytes]:
     """(the route, the status sent or 0 for none, the body sent)"""
-    route = _Route()
+    route = route or _Route()
     guard = BodyLimit(route, max_bytes=limit)
     incoming = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
     if disconnect_after is not None:
@@ -100,3 +109,18 @@ def test_a_client_that_leaves_mid_body_is_heard_as_gone_by_the_route() -> None:
     route, status, _ = _call(CHUNKED, [b"x" * 100] * 5, limit=1000, disconnect_after=2)
     assert route.calls == 1 and route.seen == ["http.request", "http.request", "http.disconnect"]
     assert status == 0  # nothing is answered to a client that left
+
+
+def closes(route: _Route) -> bool:
+    start = next(m for m in route.sent if m["type"] == "http.response.start")
+    return (b"connection", b"close") in start["headers"]
+
+
+def test_a_route_that_ignores_a_big_or_chunked_body_closes_the_connection_and_a_small_one_keeps_it() -> None:
+    big = [(b"content-length", b"500000")]
+    route, status, _ = _call(big, [b"x" * 1000, b"x" * 499_000], limit=10**6, route=_Ignoring())
+    assert status == 204 and closes(route)  # the server would read 500 kB it has no use for
+    route, status, _ = _call(CHUNKED, [b"x" * 1000] * 3, limit=10**6, route=_Ignoring())
+    assert status == 204 and closes(route)  # a chunked rest could be any size
+    route, status, _ = _call([(b"content-length", b"2")], [b"{}"], limit=10**6, route=_Ignoring())
+    assert status == 204 and not closes(route)  # a heartbeat's "{}": skipped, the connection kept
