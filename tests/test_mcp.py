@@ -534,3 +534,81 @@ def test_move_file_does_not_replace_an_existing_file_unless_asked(inproc: InProc
     assert view(inproc.project_id).read_file("a.py") == b"A = 1\n" and view(inproc.project_id).exists("b.py")
     ok(inproc.call("move_file", {"src": "b.py", "dst": "a.py", "overwrite": True}))
     assert view(inproc.project_id).read_file("a.py") == b"B = 2\n" and not view(inproc.project_id).exists("b.py")
+
+
+# -- edges: the optional server stream, the wrong directory ------------------------------
+def test_http_get_is_405_since_the_server_offers_no_stream_of_its_own(service: Service) -> None:
+    project_id = new_project(service.store)
+    agent = service.token("agent", project_id)
+    with httpx.Client(base_url=service.url, headers={"authorization": f"Bearer {agent}"}, timeout=20) as c:
+        for method in ("GET", "DELETE"):
+            # streamed: an answer that is an endless event stream fails here instead of hanging the test
+            with c.stream(method, f"/mcp/projects/{project_id}", headers={"accept": "text/event-stream"}) as r:
+                assert r.status_code == 405 and r.headers["allow"] == "POST", method
+                assert json.loads(r.read())["code"] == "method.not_allowed"
+        # still authenticated first: no token is 401, whatever the method
+        assert httpx.get(f"{service.url}/mcp/projects/{project_id}", timeout=20).status_code == 401
+
+
+def test_mcp_started_where_no_store_is_refuses_and_leaves_nothing_behind(tmp_path: Path) -> None:
+    import os
+    import subprocess
+
+    empty = tmp_path / "elsewhere"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSTORE_")}
+    for command in (["-m", "draftstore.cli", "mcp", "--project", "0" * 32],
+                    ["-m", "draftstore.mcpserver", "--project", "0" * 32]):
+        run = subprocess.run([sys.executable, *command], capture_output=True, text=True, env=env, cwd=empty,
+                             timeout=60, stdin=subprocess.DEVNULL)
+        assert run.returncode != 0 and run.stdout == ""
+        assert "config.invalid" in run.stderr and "no draftstore database" in run.stderr, run.stderr
+        assert list(empty.iterdir()) == []  # no .draftstore/ made in the wrong place
+
+
+# -- result shapes ------------------------------------------------------------------------
+class SchemaChecked:
+    """A client session whose every tool result is checked against the tool's declared
+    ``outputSchema``, and whose every tool error is checked to carry its code and message in
+    the structured content as in the text."""
+
+    def __init__(self, session: ClientSession, schemas: dict[str, dict[str, Any]]) -> None:
+        self.session = session
+        self.schemas = schemas
+        self.checked: set[str] = set()
+
+    async def list_tools(self) -> Any:
+        return await self.session.list_tools()
+
+    async def call_tool(self, name: str, arguments: dict[str, Any]) -> Any:
+        import jsonschema
+
+        result = await self.session.call_tool(name, arguments)
+        if result.is_error:
+            error = result.structured_content["error"]
+            assert isinstance(error["code"], str) and isinstance(error["message"], str)
+            assert result.content[0].text == f"[{error['code']}] {error['message']}"
+        else:
+            jsonschema.validate(result.structured_content, self.schemas[name])
+            self.checked.add(name)
+        return result
+
+
+def test_http_every_tool_declares_its_result_shape_and_every_result_matches_it(service: Service) -> None:
+    store = service.store
+    project_id = new_project(store)
+    turn_id = store.start_turn(project_id, "add a dragon").id
+    agent = service.token("agent", project_id=project_id)
+
+    async def run() -> set[str]:
+        async with http_session(f"{service.url}/mcp/projects/{project_id}/turns/{turn_id}", agent) as s:
+            schemas = {t.name: t.output_schema for t in (await s.list_tools()).tools}
+            for name, schema in schemas.items():  # a shape of its own, not "any object"
+                assert schema and schema["type"] == "object" and schema["properties"], name
+                assert schema.get("additionalProperties") is False, name
+            assert set(schemas["view_file"]["required"]) >= {"path", "content", "truncated", "next_start_line"}
+            checked = SchemaChecked(s, schemas)
+            await every_tool(checked)  # type: ignore[arg-type]
+            return checked.checked
+
+    assert anyio.run(run) == TOOL_NAMES  # a result of every tool was checked against its schema

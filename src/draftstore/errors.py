@@ -11,6 +11,7 @@ Tree (code in brackets)::
     ├── InvalidInput                     bad input; nothing was changed
     │   ├── PathDenied         [path.denied]
     │   ├── PayloadTooLarge    [payload.too_large]
+    │   ├── HeadersTooLarge    [headers.too_large]
     │   ├── PatchInvalid       [patch.invalid]
     │   ├── PatternInvalid     [pattern.invalid]
     │   ├── LimitExceeded      [limit.exceeded]
@@ -60,6 +61,7 @@ __all__ = [
     "InvalidInput",
     "PathDenied",
     "PayloadTooLarge",
+    "HeadersTooLarge",
     "PatchInvalid",
     "PatternInvalid",
     "LimitExceeded",
@@ -130,6 +132,10 @@ class PathDenied(InvalidInput):
 
 class PayloadTooLarge(InvalidInput):
     code = "payload.too_large"
+
+
+class HeadersTooLarge(InvalidInput):
+    code = "headers.too_large"
 
 
 class PatchInvalid(InvalidInput):

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from ..errors import BackendUnavailable
+from ..private import private_dir
 from .base import BlobStoreBase
 from .cache import ObjectCache
 
@@ -24,7 +25,7 @@ class DirectoryBlobStore(BlobStoreBase):
         super().__init__(cache)
         self.root = Path(root)
         try:
-            self.root.mkdir(parents=True, exist_ok=True)
+            private_dir(self.root)  # 0700; each object is a mkstemp file, 0600 (private.py)
         except OSError as exc:
             raise BackendUnavailable(f"cannot create blob directory {self.root}: {exc}") from exc
         self.url = f"file://{self.root.absolute()}"

@@ -22,6 +22,7 @@ def serve(host: str, port: int, workers: int) -> None:
     import uvicorn
 
     from ..service.auth import loopback_host
+    from ..service.protocol import BoundedHead
 
     with open_store() as store:  # migrates an embedded database; checks a PostgreSQL one
         tokens = store.tokens.any_active()
@@ -35,8 +36,9 @@ def serve(host: str, port: int, workers: int) -> None:
     shown = here or (f"[{host}]" if ":" in host else host)
     warn(f"serving on {'every address, port ' + str(port) if here else f'http://{shown}:{port}'} "
          f"(admin page: http://{shown}:{port}/admin)")
+    # BoundedHead: uvicorn's httptools protocol, with a bound on a request's headers (protocol.py)
     uvicorn.run("draftstore.service.app:create_app", factory=True, host=host, port=port, workers=workers,
-                access_log=False, log_level="warning")
+                access_log=False, log_level="warning", http=BoundedHead)
 
 
 @main.group()
@@ -97,8 +99,9 @@ def mcp(project: str, turn: str | None) -> None:
 
     Every tool call is recorded in the turn's tool-call history.
     """
-    from ..mcpserver import serve_stdio
+    from ..mcpserver import require_store, serve_stdio
 
+    require_store()  # an embedded store that does not exist is not created here (config.invalid)
     with open_store() as store:
         ids = Ids(store)
         project_id = ids.project(project)

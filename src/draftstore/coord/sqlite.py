@@ -48,6 +48,7 @@ from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, urlsplit
 
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
+from ..private import private_file
 from .base import LEGACY_EPOCH, Event, Tail, new_epoch
 
 __all__ = ["SqliteCoordinator", "SqliteLock"]
@@ -164,9 +165,9 @@ class SqliteCoordinator:
         self._inherited: list[sqlite3.Connection] = []
         self._closed = False
         try:
-            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            private_file(self.path)  # 0600 in a 0700 directory, before SQLite creates it 0644 (private.py)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot create the directory of {self.path}: {exc}", operation="open") from exc
+            raise BackendUnavailable(f"cannot create {self.path}: {exc}", operation="open") from exc
         with self._write("open") as db:
             version = db.execute("PRAGMA user_version").fetchone()[0]
             if version > SCHEMA_VERSION:  # written by a newer release: refuse rather than misread

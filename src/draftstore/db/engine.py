@@ -9,7 +9,6 @@ by ``validation.dump_json`` on both.
 from __future__ import annotations
 
 import select
-from pathlib import Path
 from typing import Any
 
 import sqlalchemy as sa
@@ -17,6 +16,7 @@ from sqlalchemy import event
 from sqlalchemy.engine import Engine, make_url
 
 from ..errors import BackendUnavailable, ConfigInvalid
+from ..private import private_file
 from ..validation import dump_json
 
 __all__ = ["create_db_engine", "is_sqlite", "server_closed"]
@@ -64,9 +64,9 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
             raise ConfigInvalid("an in-memory SQLite database is not supported (each connection would see a "
                                 "different empty database): use sqlite:///PATH", url=str(u))
         try:
-            Path(db).parent.mkdir(parents=True, exist_ok=True)
+            private_file(db)  # 0600 in a 0700 directory, before SQLite creates it 0644 (private.py)
         except OSError as exc:
-            raise BackendUnavailable(f"cannot create {Path(db).parent}: {exc}") from exc
+            raise BackendUnavailable(f"cannot create {db}: {exc}") from exc
         engine = sa.create_engine(
             u,
             connect_args={"check_same_thread": False, "timeout": 30},

@@ -13,14 +13,16 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .tools import READ_TOOLS, TOOL_NAMES, WRITE_TOOLS, AgentTools, Bounds
 
 if TYPE_CHECKING:
+    from ..settings import Settings
     from .http import McpHttpApp
 
-__all__ = ["serve_stdio", "mcp_http_app", "AgentTools", "Bounds", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES"]
+__all__ = ["serve_stdio", "require_store", "mcp_http_app", "AgentTools", "Bounds", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES"]
 
 
 def serve_stdio(project_id: str, turn_id: str | None = None) -> None:
@@ -36,6 +38,7 @@ def serve_stdio(project_id: str, turn_id: str | None = None) -> None:
     from ..store import Store
     from .server import build_server
 
+    require_store()
     with contextlib.redirect_stdout(sys.stderr):  # nothing but the protocol may reach stdout
         store = Store.from_env()
     tune_collector()  # start-up heap frozen, fewer young collections (heap.py)
@@ -48,6 +51,28 @@ def serve_stdio(project_id: str, turn_id: str | None = None) -> None:
         build_server(lambda _context: agent).run("stdio")
     finally:
         store.close()
+
+
+def require_store(settings: "Settings | None" = None) -> None:
+    """Raise ``config.invalid`` if the settings name an embedded database that does not exist.
+
+    The tools serve a project of an existing store: opening the embedded default in
+    the wrong directory would create an empty ``.draftstore/`` there (and then not
+    find the project). Checked before anything is opened, so nothing is left behind.
+    """
+    from .. import errors as E
+    from ..settings import Settings
+
+    from sqlalchemy.engine import make_url
+
+    settings = settings or Settings.load()
+    url = make_url(settings.resolved_database_url())
+    if url.get_backend_name() == "sqlite" and url.database:
+        path = Path(url.database)
+        if not path.is_file():
+            raise E.ConfigInvalid(f"no draftstore database at {path.absolute()}: run where the store's "
+                                  ".draftstore/ is, or set DRAFTSTORE_HOME or DRAFTSTORE_DATABASE_URL",
+                                  database=str(path.absolute()))
 
 
 def mcp_http_app(**kwargs: Any) -> "McpHttpApp":

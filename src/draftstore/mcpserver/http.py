@@ -21,7 +21,10 @@ user visits could otherwise reach the endpoint through DNS rebinding and write
 drafts. With tokens, the token guards the endpoint and any host name is served.
 
 Stateless streamable HTTP with JSON responses: no session lives in a process,
-so any worker of ``draftstore serve --workers N`` answers any request.
+so any worker of ``draftstore serve --workers N`` answers any request. The
+server sends nothing unasked, so it offers no server-to-client stream: a GET
+(which would open one, and in stateless mode would never end) is answered
+405 ``method.not_allowed`` with ``Allow: POST``, as the MCP transport allows.
 """
 
 from __future__ import annotations
@@ -118,6 +121,11 @@ class McpHttpApp:
             if isinstance(exc, E.BackendUnavailable):
                 headers = {"Retry-After": "1"}
             response = error_response(status, exc.code, exc.message, exc.details, headers, exc.retryable)
+            await response(scope, receive, send)
+            return
+        if scope["method"] != "POST":  # GET would open an SSE stream with nothing ever on it; DELETE ends no session
+            response = error_response(405, "method.not_allowed", "MCP requests are POSTed: this endpoint offers no "
+                                      "server-to-client stream and keeps no session", headers={"Allow": "POST"})
             await response(scope, receive, send)
             return
         if self._manager is None:

@@ -32,6 +32,7 @@ from pydantic import Field, ValidationError
 
 from .. import __version__
 from .. import errors as E
+from . import results as R
 from .tools import READ_TOOLS, TOOL_NAMES, AgentTools, Recording, error_payload, internal_payload
 
 __all__ = ["build_server", "DraftstoreMCP"]
@@ -60,11 +61,13 @@ class _Call:
 _CALL: contextvars.ContextVar[_Call] = contextvars.ContextVar("draftstore_mcp_call")
 
 
-def _tool(fn: Callable[..., dict[str, Any]]) -> Callable[..., dict[str, Any]]:
-    """A tool body: a draftstore error becomes an anticipated tool error (its cause kept)."""
+def _tool(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """A tool body: a draftstore error becomes an anticipated tool error (its cause kept). Its return
+    annotation (a TypedDict of ``results.py``) is the tool's ``outputSchema``: the SDK reads it through
+    ``functools.wraps`` and validates each result against it."""
 
     @functools.wraps(fn)
-    def run(**kwargs: Any) -> dict[str, Any]:
+    def run(**kwargs: Any) -> Any:
         call = _CALL.get()
         call.ran = True
         try:
@@ -102,7 +105,7 @@ Patch = Annotated[list[dict[str, Any]] | dict[str, Any],
 def view_file(path: Path,
               start_line: Annotated[int, Field(strict=True, description="first line, 1-based")] = 1,
               end_line: Annotated[int | None, Field(strict=True, description="last line (inclusive); default: as many "
-                                                                "as the bounds allow")] = None) -> dict[str, Any]:
+                                                                "as the bounds allow")] = None) -> R.ViewFile:
     """Read a file of the project's newest state (the draft, else head) as text, by line range.
     At most 1000 lines / 64 KiB per call: when cut, `truncated` is true and `next_start_line`
     says where to go on. A single line over 64 KiB comes back cut (`line_clipped: true`).
@@ -111,7 +114,7 @@ def view_file(path: Path,
 
 
 @_tool
-def list_dir(path: Annotated[str, Field(description="a directory; '' is the root")] = "") -> dict[str, Any]:
+def list_dir(path: Annotated[str, Field(description="a directory; '' is the root")] = "") -> R.ListDir:
     """List a directory: entries with name, kind (file|dir) and size (bytes, or files below a
     directory). At most 1000 entries (`truncated` when cut)."""
     return _agent().list_dir(path)
@@ -121,7 +124,7 @@ def list_dir(path: Annotated[str, Field(description="a directory; '' is the root
 def find_files(glob: Annotated[str, Field(description="'*' and '?' stay in one directory, '**' spans "
                                                       "directories: '**/*.py' is every Python file")] = "**",
                max_results: Annotated[int | None, Field(strict=True, description="1..2000, default 200")] = None
-               ) -> dict[str, Any]:
+               ) -> R.FindFiles:
     """Paths matching a glob (whole path), sorted; `truncated` when there are more."""
     return _agent().find_files(glob, max_results)
 
@@ -133,7 +136,7 @@ def search_code(pattern: Annotated[str, Field(description="the text to find (a l
                 context: Annotated[int, Field(strict=True, description="lines of context before and after, 0..10")] = 0,
                 ignore_case: Annotated[bool, Field(strict=True)] = False,
                 max_results: Annotated[int | None, Field(strict=True, description="1..500, default 50")] = None
-                ) -> dict[str, Any]:
+                ) -> R.SearchCode:
     """Search file contents line by line, like grep. Matches carry path, line_number and line
     (clipped at 500 bytes, `lines_clipped`). At most 64 KiB of lines per call: `truncated` when
     more matches exist than max_results or than the byte budget holds."""
@@ -142,13 +145,13 @@ def search_code(pattern: Annotated[str, Field(description="the text to find (a l
 
 @_tool
 def write_file(path: Path, content: str, encoding: Encoding = "utf-8",
-               executable: Annotated[bool, Field(strict=True)] = False) -> dict[str, Any]:
+               executable: Annotated[bool, Field(strict=True)] = False) -> R.WriteFile:
     """Create or replace one file in the draft (through the running turn)."""
     return _agent().write_file(_turn(), path, content, encoding, executable)
 
 
 @_tool
-def delete_file(path: Path) -> dict[str, Any]:
+def delete_file(path: Path) -> R.DeleteFile:
     """Delete one file from the draft (path.not_found if absent)."""
     return _agent().delete_file(_turn(), path)
 
@@ -156,7 +159,7 @@ def delete_file(path: Path) -> dict[str, Any]:
 @_tool
 def move_file(src: Path, dst: Path,
               overwrite: Annotated[bool, Field(strict=True, description="replace dst if it is a file")] = False
-              ) -> dict[str, Any]:
+              ) -> R.MoveFile:
     """Rename a file in the draft, atomically. An existing dst is path.conflict unless overwrite is true."""
     return _agent().move_file(_turn(), src, dst, overwrite)
 
@@ -167,24 +170,24 @@ def apply_changes(changes: Annotated[dict[str, str | None],
                   encoding: Encoding = "utf-8",
                   executable: Annotated[list[str] | None,
                                         Field(description="written paths that are executable")] = None
-                  ) -> dict[str, Any]:
+                  ) -> R.ApplyChanges:
     """Write and delete several files at once, atomically: all or nothing."""
     return _agent().apply_changes(_turn(), changes, encoding, executable)
 
 
 @_tool
-def patch_characters(patch: Patch) -> dict[str, Any]:
+def patch_characters(patch: Patch) -> R.PatchCharacters:
     """Patch the draft's characters JSON; returns the new value (omitted over 64 KiB, `truncated`)."""
     return _agent().patch_characters(_turn(), patch)
 
 
 @_tool
-def patch_world_settings(patch: Patch) -> dict[str, Any]:
+def patch_world_settings(patch: Patch) -> R.PatchWorldSettings:
     """Patch the draft's world-settings JSON; returns the new value (omitted over 64 KiB, `truncated`)."""
     return _agent().patch_world_settings(_turn(), patch)
 
 
-TOOLS: tuple[Callable[..., dict[str, Any]], ...] = (
+TOOLS: tuple[Callable[..., Any], ...] = (
     view_file, list_dir, find_files, search_code,
     write_file, delete_file, move_file, apply_changes, patch_characters, patch_world_settings,
 )

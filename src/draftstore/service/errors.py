@@ -31,6 +31,7 @@ STATUS: list[tuple[type[E.DraftstoreError], int]] = [
     (E.AuthInvalid, 401),
     (E.Forbidden, 403),
     (E.PayloadTooLarge, 413),
+    (E.HeadersTooLarge, 431),
     (E.NotFound, 404),
     (E.StateConflict, 409),
     (E.InvalidInput, 422),

@@ -7,8 +7,10 @@ stubbed, ~340 us through FastAPI, ~180 us as a plain Starlette route), and
 the app's middleware stack (server errors, telemetry, body limit, exception
 table, exit stack, then the router trying each route) as much again for a
 route that does nothing. For the routes in ``HOT``, ``FastLane`` sits in
-front of that stack (the outermost layer after the body limit, ``app.py``)
-and does the same work directly:
+front of that stack (the outermost layer after the gate and the body limit,
+``app.py``) and does the same work directly. The order is FastAPI's: the gate
+(``gate.py``) has authenticated a request with a body before any of it is
+read, then the body is read and parsed, then the role is checked:
 
 - the endpoint is the FastAPI route's own function (no handler is written
   twice), called with the same arguments FastAPI would give it: path

@@ -35,7 +35,8 @@ def create_token(body: CreateToken, store: StoreDep, principal: Principal = Allo
     _global_admin(principal)
     token, secret = store.tokens.create(body.role, project_id=body.project_id, name=body.name,
                                         actor=principal.token_id)
-    return JSON({**dataclasses.asdict(token), "token": secret}, status_code=201)
+    # no-store: the one answer that carries a secret must not stay in any cache (RFC 9111 5.2.2.5)
+    return JSON({**dataclasses.asdict(token), "token": secret}, status_code=201, headers={"Cache-Control": "no-store"})
 
 
 @router.get("/tokens", response_model=Page[Token], response_class=JSON)
