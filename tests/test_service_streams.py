@@ -700,23 +700,56 @@ def test_approvals_are_part_of_the_rebuilt_history(service: Service):
                                    ("tool.completed", 1)]
 
 
-def test_subscribing_right_after_a_turn_starts_never_repeats_an_event(service: Service):
-    # the service appends events off the request's path: a client that subscribes at once may find
-    # no buffer yet and get the history rebuilt, and then the same events reach the buffer
+def test_a_client_subscribing_the_moment_a_turn_starts_gets_its_history_once_and_no_false_rebuild(
+        service: Service):
+    # the subscriber connects as soon as POST .../turns answers, fifty times: the buffer is there and
+    # whole by then (turn.started is appended before the answer), so nothing is "rebuilt" although
+    # nothing was lost, and reconnecting with the last id it got repeats nothing
     c = service.client()
     p = new_project(c)
-    for i in range(8):
+    for i in range(50):
         t = start_turn(c, p, cont=i > 0)
         with sse(service, f"/v1/turns/{t}/events") as es:
+            first = es.read_n(1)[0]
+            assert first.type == "turn.started" and first.n == 1, (i, first)
             tool_call(c, t)
             complete(c, t)
-            got = es.read_to_end()
-            durable = [e for e in got if e.type not in ("stream.rebuilt", "stream.end")]
-            assert keys(durable) == [("turn.started", None), ("tool.started", 1), ("tool.completed", 1),
-                                     ("turn.completed", None)], [e.type for e in got]
-            if got[0].type == "stream.rebuilt":  # and the cursor it leaves resumes without repeating anything
-                with sse(service, f"/v1/turns/{t}/events", last_event_id=es.last_event_id) as back:
-                    assert [e.type for e in back.read_to_end()] == ["stream.end"]
+            got = [first] + es.read_to_end()
+        assert [e.type for e in got].count("stream.rebuilt") == 0, (i, [e.type for e in got])
+        assert keys(got) == [("turn.started", None), ("tool.started", 1), ("tool.completed", 1),
+                             ("turn.completed", None), ("stream.end", None)], i
+        assert_ids_increase(got[:-1])
+        with sse(service, f"/v1/turns/{t}/events", last_event_id=got[-2].last_event_id) as back:
+            assert [e.type for e in back.read_to_end()] == ["stream.end"]
+
+
+def test_a_client_back_with_the_id_of_a_history_rebuilt_before_its_buffer_existed_gets_nothing_twice(
+        service_factory, private_redis: PrivateRedis):
+    # a rebuild made while no buffer exists leaves the client the id "-:0"; the buffer created after
+    # it may hold events the rebuild sent already (they are appended off their operation's path),
+    # so a client back with that id gets the history rebuilt again, never an event of it twice
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    tool_call(c, t)
+    wait_buffered(c, t, ends_with("tool.completed"))
+    with private_redis.client() as r:
+        r.flushall()
+    with sse(svc, f"/v1/turns/{t}/events") as es:
+        got = es.read_n(4)
+    assert got[0].type == "stream.rebuilt" and got[-1].last_event_id == "-:0"
+    seq = tool_call(c, t)  # its events create the buffer anew
+    wait_buffered(c, t, ends_with("tool.completed"))
+    with sse(svc, f"/v1/turns/{t}/events", last_event_id="-:0") as back:
+        again = back.read_n(6)
+        complete(c, t)
+        rest = back.read_to_end()
+    assert again[0].type == "stream.rebuilt"
+    assert keys(again[1:]) == durable_keys(svc, t)[:5] == [
+        ("turn.started", None), ("tool.started", 1), ("tool.completed", 1), ("tool.started", seq),
+        ("tool.completed", seq)]
+    assert keys(rest) == [("turn.completed", None), ("stream.end", None)]
 
 
 # == keep-alive ==================================================================================

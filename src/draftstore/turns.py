@@ -146,7 +146,8 @@ class Turns:
             # the partial unique indexes caught a race the checks above could not see
             raise E.TurnAlreadyRunning(f"another turn of project {project_id} started first") from exc
         self._beat(tid)
-        self.b.emit(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
+        # in the buffer before the caller is answered: a subscriber connecting at once finds it (events.py)
+        self.b.events.emit_now(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
         self.b.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
         return turn_record(row)
 

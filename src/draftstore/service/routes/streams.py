@@ -177,9 +177,12 @@ class _Stream:
             return
         epoch, n = position
         if epoch == "-" and tail.epoch is not None:
-            tail = await self.tail(0)  # the buffer was created after the client's rebuilt snapshot
-            n = 0
-            epoch = tail.epoch
+            # the buffer was created after the client's rebuilt snapshot: it may hold events that snapshot
+            # sent already (appended off their operation's path, after it) and which ones is not known
+            # here, so the client gets the history rebuilt again rather than an event twice
+            async for e in self.rebuilt("the buffer was created after this client's rebuilt history"):
+                yield e
+            return
         if (epoch is None or epoch == tail.epoch) and tail.epoch is not None and tail.first_id <= n + 1 \
                 and n <= tail.last_id:
             self.epoch, self.after = tail.epoch, n
