@@ -80,8 +80,11 @@ class SnapshotStatus(StrEnum):
 
 class Role(StrEnum):
     ADMIN = "admin"  # everything
-    AGENT = "agent"  # turns, tool calls, draft writes, views, turn streams, approvals
+    AGENT = "agent"  # turns, tool calls, draft writes, views, turn streams; never decides a tool call
     OBSERVER = "observer"  # published versions, their files, diffs between them, committed events
+    # what an observer reads, plus turns, their tool calls and events; decides tool calls awaiting
+    # approval (a backend relaying a person's click). Never writes a draft, never reads one.
+    APPROVER = "approver"
 
 
 class HeadMoveReason(StrEnum):

@@ -52,9 +52,9 @@ from ..threads import run_sync
 
 from ... import errors as E
 from ...coord import Tail
-from ...records import Role, TurnStatus
+from ...records import TurnStatus
 from ...store import Store
-from ..auth import AGENT, ANY, Allow, Principal, StoreDep, project_scope, turn_scope
+from ..auth import ANY, TURN_READERS, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON, dumps
 
 router = APIRouter(prefix="/v1", tags=["events"])
@@ -284,7 +284,7 @@ async def turn_events(turn_id: str, request: Request, store: StoreDep,
                       after: After = None,
                       before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
                       last_event_id: LastEventId = None, access_token: AccessToken = None,
-                      principal: Principal = Allow(*AGENT)) -> Any:
+                      principal: Principal = Allow(*TURN_READERS)) -> Any:
     """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
     application/json`` one page ``{events, has_more_before, has_more_after}``."""
     await run_sync(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
@@ -307,7 +307,7 @@ async def project_events(project_id: str, request: Request, store: StoreDep,
     and no event that names a draft."""
     project_scope(principal, project_id)
     await run_sync(store.get_project, project_id)
-    observer = principal.role == Role.OBSERVER
+    observer = principal.published_only
     types = PUBLISHED if observer else COMMITTED
     if _wants_json(request):
         return await run_sync(_page, store, f"project:{project_id}", _position(None, after), before, limit, types,
