@@ -667,6 +667,8 @@ def test_after_the_buffers_ttl_a_new_subscriber_gets_the_history_rebuilt_from_th
                 ("tool.failed", 2), ("turn.completed", None)]
     assert durable_keys(svc, t) == expected
     assert [k for k in keys(before) if k[0] != "assistant.delta"] == expected
+    shown = page(c, f"/v1/turns/{t}/events")  # the JSON page too: rebuilt, and says so
+    assert keys(shown["events"]) == expected and shown["rebuilt"]["deltas_missing"] is True
     for last_id in (None, before[3]["id"], before[-1]["id"]):  # a new client, one half-way, one at the end
         with sse(svc, f"/v1/turns/{t}/events", last_event_id=last_id) as es:
             got = es.read_to_end()
@@ -959,12 +961,50 @@ def test_a_projects_stream_and_an_after_id_are_rebuilt_from_the_database_after_t
     with sse(svc, f"/v1/turns/{t}/events?after={turn_last}") as es:
         got = es.read_to_end()
     assert got[0].type == "stream.rebuilt" and keys(got[1:-1]) == durable_keys(svc, t)
-    # and the JSON page, given an id of a lost buffer, pages the buffer there is from its start
+    # and the JSON page, given an id of a lost buffer, is rebuilt as the stream is: the committed
+    # events from the database, then the buffer's from where the rebuild left it
     shown = page(c, f"/v1/projects/{p}/events", after=before[-1].last_event_id)
-    assert shown["epoch"] != before[-1].epoch and without_at(shown["events"][0]["data"]) == {"to_version_id": v1}
+    assert shown["rebuilt"]["reason"] and shown["rebuilt"]["deltas_missing"] is False
+    assert [(e["type"], without_at(e["data"])) for e in shown["events"]] == history
+    assert all(e["id"] is None for e in shown["events"]) and shown["epoch"] != before[-1].epoch
+    assert page(c, f"/v1/projects/{p}/events", after=shown["next_after"])["events"] == []
     for bad in (":3", "1:x", "-1", "9" * 30, "x" * 101):
         r = c.get(f"/v1/turns/{t}/events", params={"after": bad})
         assert r.status_code == 422 and r.json()["code"] == "input.invalid", bad
+
+
+def test_the_json_page_of_a_turn_whose_buffer_was_flushed_lists_its_committed_events_rebuilt(
+        service_factory, private_redis: PrivateRedis):
+    """The JSON page mode reads what SSE reads: once the buffer is lost, the turn's committed
+    events from the database, marked ``rebuilt`` as the stream's ``stream.rebuilt`` is."""
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    tool_call(c, t)
+    delta(c, t, "text only the buffer had")
+    seq = tool_call(c, t, finish=False)
+    assert c.post(f"/v1/turns/{t}/tool-calls/{seq}/fail", json={"error": "boom"}).status_code == 204
+    before = wait_buffered(c, t, ends_with("tool.failed"))
+    assert page(c, f"/v1/turns/{t}/events")["rebuilt"] is None  # a whole buffer: read as it is
+    with private_redis.client() as r:
+        r.flushall()
+
+    expected = [("turn.started", None), ("tool.started", 1), ("tool.completed", 1), ("tool.started", 2),
+                ("tool.failed", 2)]
+    for after in ({}, {"after": before[-1]["id"]}):  # a new reader, and one that had read it all
+        got = page(c, f"/v1/turns/{t}/events", **after)
+        assert got["rebuilt"]["deltas_missing"] is True and got["rebuilt"]["reason"], after
+        assert keys(got["events"]) == expected and all(e["id"] is None for e in got["events"])
+        assert got["epoch"] is None and got["next_after"] == "-:0" and got["has_more_after"] is False
+    # the turn goes on: its next page holds what came after, once
+    complete(c, t)
+    wait_buffered(c, t, ends_with("turn.completed"))
+    nxt = page(c, f"/v1/turns/{t}/events", after=got["next_after"])
+    assert nxt["rebuilt"]["reason"] == "the buffer was created after this client's rebuilt history"
+    assert keys(nxt["events"]) == expected + [("turn.completed", None)]
+    last = page(c, f"/v1/turns/{t}/events", after=nxt["next_after"])
+    assert (last["events"], last["rebuilt"], last["has_more_after"]) == ([], None, False)
 
 
 def test_a_fresh_subscriber_to_a_turn_whose_buffer_was_recreated_gets_the_rebuilt_history(
