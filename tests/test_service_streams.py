@@ -674,7 +674,8 @@ def test_after_the_buffers_ttl_a_new_subscriber_gets_the_history_rebuilt_from_th
             got = es.read_to_end()
         assert got[0].type == "stream.rebuilt" and got[0].json["deltas_missing"] is True
         assert keys(got[1:-1]) == expected and got[-1].type == "stream.end"
-        assert got[-2].json == {"turn_id": t, "end_root": c.get(f"/v1/turns/{t}").json()["end_root"]}
+        assert got[-2].json == {"turn_id": t, "end_root": c.get(f"/v1/turns/{t}").json()["end_root"],
+                                "end_reason": "completed"}
 
 
 def test_approvals_are_part_of_the_rebuilt_history(service: Service):
@@ -1005,6 +1006,9 @@ def test_the_json_page_of_a_turn_whose_buffer_was_flushed_lists_its_committed_ev
     assert keys(nxt["events"]) == expected + [("turn.completed", None)]
     last = page(c, f"/v1/turns/{t}/events", after=nxt["next_after"])
     assert (last["events"], last["rebuilt"], last["has_more_after"]) == ([], None, False)
+    # a page is at most 1000 events, as Store.events reads (tests/test_events.py)
+    r = c.get(f"/v1/turns/{t}/events", params={"limit": 1001}, headers={"accept": "application/json"})
+    assert (r.status_code, r.json()["code"]) == (422, "input.invalid")
 
 
 def test_a_fresh_subscriber_to_a_turn_whose_buffer_was_recreated_gets_the_rebuilt_history(

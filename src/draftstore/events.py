@@ -39,7 +39,7 @@ from typing import Any
 from .coord import Coordinator
 from .errors import DraftstoreError
 
-__all__ = ["Activity", "EventPublisher", "LINGER_S", "MAX_DEFER_S"]
+__all__ = ["Activity", "EventPublisher", "LINGER_S", "MAX_DEFER_S", "MAX_PAGE"]
 
 log = logging.getLogger("draftstore.events")
 
@@ -57,6 +57,8 @@ LINGER_S = 0.005
 # the middle of file writes, it cost them 0.4 ms at the median). An idle process
 # appends after the linger alone.
 MAX_DEFER_S = 0.005  # about one file write: appends still land within 10 ms of their event
+# the most buffered events one read returns, in Python (``Store.events``) as over HTTP (the JSON page)
+MAX_PAGE = 1000
 
 
 class Activity:

@@ -43,7 +43,7 @@ from .ids import new_id
 from .projects import Projects
 from .deltas import Deltas
 from .digest import Digest, digest_of
-from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware
+from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware, end_reason_of
 from .sealing import Fold, Sealing
 from .toolcalls import ToolCalls
 
@@ -278,8 +278,10 @@ class Turns:
             except E.DraftstoreError:
                 pass
         stream = f"turn:{turn.id}"
-        self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root})
-        self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id})
+        reason = end_reason_of(turn.status, turn.end_reason)  # a cancel told from a crash without a read
+        self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
+                                                    "end_reason": reason})
+        self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id, "end_reason": reason})
         self.b.expire_stream(stream)
 
     def _not_running(self, turn_id: str, status: str | None) -> E.DraftstoreError:
@@ -351,7 +353,8 @@ class Turns:
             if c.status in ("completed", "failed"):
                 out.append((f"tool.{c.status}", base))
         if turn.status != TurnStatus.RUNNING:
-            out.append((f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root}))
+            out.append((f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
+                                                "end_reason": end_reason_of(turn.status, turn.end_reason)}))
         return out
 
     # -- recovery -------------------------------------------------------------------------------

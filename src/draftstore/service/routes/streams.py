@@ -59,6 +59,7 @@ from ..threads import run_sync
 
 from ... import errors as E
 from ...coord import Tail
+from ...events import MAX_PAGE
 from ...records import TurnStatus
 from ...store import Store
 from ..auth import ANY, TURN_READERS, Allow, Principal, StoreDep, project_scope, turn_scope
@@ -330,7 +331,7 @@ def _wants_json(request: Request) -> bool:
     return "application/json" in accept and "text/event-stream" not in accept
 
 
-Limit = Annotated[int, Query(ge=1, le=1000)]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]  # as Store.events
 AccessToken = Annotated[str | None, Query(description=(
     "the bearer token, for a client that cannot send an Authorization header (a browser's EventSource); "
     "a token in a URL can end up in a proxy's logs: prefer the header"))]
