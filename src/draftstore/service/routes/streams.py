@@ -15,6 +15,9 @@ drafts). A client treats ``stream.rebuilt`` as "replace what you had". A
 buffered event that the rebuild already sent (it reached the buffer after the
 rebuild's snapshot) is not sent again: an event with only an ``id:`` line moves
 the client's ``Last-Event-ID`` past it (EventSource dispatches nothing for it).
+A rebuild made while no buffer exists leaves the id ``-:<n>``: a client back
+with it once a buffer exists gets the history rebuilt again (the new buffer
+may hold events the rebuild sent, and which is not known), never one twice.
 
 A turn's stream ends (``stream.end``) after the turn's end event, once
 ``AFTER_END_S`` has passed with nothing more to send: each process appends
