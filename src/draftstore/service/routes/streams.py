@@ -324,7 +324,8 @@ def _page(store: Store, stream: str, position: tuple[str | None, int] | None, be
     first = events[0].id if events else (before if before is not None else after + 1)
     # whether the buffer holds events before the page's first id / after its last (whatever the window asked);
     # where the window ended (a page of events this reader may not see is empty, and the next one is there)
-    return JSON({"events": shown, "epoch": tail.epoch, "rebuilt": None, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
+    return JSON({"events": shown, "epoch": tail.epoch, "rebuilt": None,
+                 "has_more_before": tail.first_id > 0 and tail.first_id <= after,
                  "has_more_after": last < tail.last_id,
                  "next_after": f"{tail.epoch or '-'}:{last}", "next_before": first})
 
