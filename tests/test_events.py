@@ -372,3 +372,15 @@ def test_store_events_caps_its_limit_as_the_http_page_does(store: Any) -> None:
         with pytest.raises(InvalidInput) as refused:
             store.events(stream, **bad)
         assert refused.value.code == "input.invalid" and refused.value.details["field"] in bad, bad
+
+
+def test_a_turns_start_is_in_its_buffer_before_start_turn_returns(store: Any) -> None:
+    # read straight from the coordinator (Store.events would flush first): what a subscriber that
+    # connects the moment the turn is started finds, in this process or another
+    project = store.create_project(f"at-once-{time.monotonic_ns()}", files={"a.txt": "a"})
+    for i in range(20):
+        turn = store.start_turn(project.id, "go") if i == 0 else store.continue_turn(project.id, "on")
+        tail = store.coord.tail(f"turn:{turn.id}")
+        assert tail.epoch is not None and [(e.id, e.type) for e in tail.events] == [(1, "turn.started")], i
+        assert tail.events[0].data == {"turn_id": turn.id, "project_id": project.id}
+        store.complete_turn(turn.id, "done")
