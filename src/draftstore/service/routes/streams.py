@@ -46,7 +46,11 @@ longer holds the turn's start, or a page after an id of a buffer that is gone
 ``"id": null``), then what the buffer got since that they do not hold, and
 says so in ``rebuilt``: ``{"reason", "deltas_missing"}`` (null on a page of
 the buffer). ``next_after`` continues in the buffer. A bare number as
-``after`` reads the buffer as it is now, never a rebuild.
+``after`` reads the buffer as it is now, never a rebuild. Unlike a stream, a
+page keeps nothing between requests: an event the rebuild listed that reaches
+the buffer only after the page was read (appended off its operation's path,
+within about 10 ms) comes again on the next page; a reader tells a turn's
+events apart by type and ``seq``.
 """
 
 from __future__ import annotations
