@@ -400,6 +400,40 @@ def test_an_agent_sees_the_draft_and_turns_but_no_admin_buttons(service: Service
     assert store.get_project(project.id).active_draft_id is not None
 
 
+@EMBEDDED
+def test_an_approver_decides_a_call_from_the_turn_page_and_the_agent_is_offered_no_decision(
+        service: Service, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("guarded", files={"a.txt": "one\n"})
+    turn = store.start_turn(project.id, "clean up")
+    store.tool_started(turn.id, "run_shell", {"cmd": "rm -rf build"}, needs_approval=True)
+
+    # the agent sees the call waiting, and no button to decide it
+    login(page, service, service.token("agent", project.id))
+    page.goto(f"{service.url}/admin#/t/{turn.id}")
+    expect(call_row(page, 1).locator(".approval")).to_contain_text("an admin or an approver decides")
+    expect(call_row(page, 1).locator("button.approve")).to_have_count(0)
+    page.locator("#logout").click()
+
+    # the approver: the project's turns (no draft), the turn, and the decision
+    login(page, service, service.token("approver", project.id))
+    expect(page.locator("#who-role")).to_have_text("approver")
+    expect(page.locator("#projects thead th", has_text="draft")).to_have_count(0)
+    page.locator("#projects a.project-link", has_text="guarded").click()
+    expect(page.locator("#turns-table tbody tr")).to_have_count(1)
+    for absent in ("#draft", "#publish", "#discard", "button.rollback", "#diff-draft", ".error"):
+        expect(page.locator(absent)).to_have_count(0)
+    page.locator("#turns-table tbody a").first.click()
+    call_row(page, 1).locator("button.approve").click()
+    confirm(page, reason="Alice said yes")
+    expect(call_row(page, 1).locator(".approval")).to_contain_text("approved")
+    shot(page, "09-approver-decided")
+    call = store.get_turn(turn.id).tool_calls[0]
+    assert call.status == "started" and call.approval["reason"] == "Alice said yes"
+
+
 # -- leaving a page: nothing of it survives -------------------------------------------------
 SLOW_VERSIONS = """(() => { const f = window.fetch; window.fetch = async (u, i) => {
   if (window.__slow && String(u).includes('/versions?')) await new Promise(r => setTimeout(r, 600));

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
-from draftstore.errors import BackendUnavailable
-from draftstore.events import Activity, EventPublisher
+import pytest
+
+from draftstore import Settings
+from draftstore.errors import BackendUnavailable, InvalidInput
+from draftstore.events import MAX_PAGE, Activity, EventPublisher
 
 
 def test_a_burst_is_appended_in_order_after_the_linger_and_a_flush_cuts_the_linger_short(coordinator: Any) -> None:
@@ -306,3 +310,77 @@ def test_a_turns_end_and_the_next_turns_start_are_one_append_then_the_expiry(coo
         assert calls.calls == [("expire", "turn:t2")]
     finally:
         publisher.close()
+
+
+# == what the store's events say =================================================================
+def end_events(store: Any, turn_id: str, project_id: str) -> tuple[Any, Any]:
+    """The turn's end event on its own stream and on its project's."""
+    ends = [e for e in store.events(f"turn:{turn_id}") if e.type in TURN_END]
+    on_project = [e for e in store.events(f"project:{project_id}")
+                  if e.type in TURN_END and e.data["turn_id"] == turn_id]
+    assert len(ends) == len(on_project) == 1, (ends, on_project)
+    return ends[0], on_project[0]
+
+
+TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
+
+
+def test_every_turn_end_event_says_why_the_turn_ended_so_a_cancel_is_told_from_a_crash(
+        store_factory: Any) -> None:
+    # a sweeper whose heartbeat TTL is short, so a turn nobody beats for is reaped in this test
+    store = store_factory(settings=Settings(heartbeat_ttl_s=0.3))
+    project = store.create_project(f"ends-{time.monotonic_ns()}", files={"a.txt": "a"})
+    ways: list[tuple[str, Callable[[str], Any], str, str]] = [
+        ("completed", lambda t: store.complete_turn(t, "done"), "turn.completed", "completed"),
+        ("interrupted", lambda t: store.interrupt_turn(t), "turn.interrupted", "interrupted"),
+        ("failed", lambda t: store.fail_turn(t, "boom"), "turn.failed", "failed"),
+        ("cancelled", lambda t: store.cancel_turn(t), "turn.interrupted", "cancelled"),
+        ("discarded", lambda t: store.discard_draft(project.id), "turn.rolled_back", "discarded"),
+    ]
+    for _, end, type_, reason in ways:
+        turn = store.start_turn(project.id, "go")
+        end(turn.id)
+        on_turn, on_project = end_events(store, turn.id, project.id)
+        assert (on_turn.type, on_turn.data["end_reason"]) == (type_, reason)
+        assert (on_project.type, on_project.data["end_reason"]) == (type_, reason)
+        # the history rebuilt from the database says the same
+        assert store.durable_events(turn.id)[-1] == (type_, on_turn.data)
+
+    # a worker that died: its heartbeat lapses, the sweep reaps the turn
+    turn = store.start_turn(project.id, "go")
+    store.coord.forget(f"turn:{turn.id}")
+    deadline = time.monotonic() + 30
+    while store.sweep()["turns_reaped"] == 0:  # after the coordinator's grace and the turn's TTL
+        assert time.monotonic() < deadline, "the sweep never reaped the turn"
+        time.sleep(0.1)
+    on_turn, on_project = end_events(store, turn.id, project.id)
+    assert (on_turn.type, on_turn.data["end_reason"], on_project.data["end_reason"]) == (
+        "turn.interrupted", "heartbeat_lapsed", "heartbeat_lapsed")
+    assert store.get_turn(turn.id).end_reason == "heartbeat_lapsed"  # the record's word, the event's word
+
+
+def test_store_events_caps_its_limit_as_the_http_page_does(store: Any) -> None:
+    project = store.create_project(f"capped-{time.monotonic_ns()}", files={"a.txt": "a"})
+    turn = store.start_turn(project.id, "go")
+    for _ in range(3):
+        store.tool_started(turn.id, "view_file", {"path": "a.txt"})
+    stream = f"turn:{turn.id}"
+    assert [e.id for e in store.events(stream, limit=MAX_PAGE)] == [1, 2, 3, 4]
+    assert [e.id for e in store.events(stream, after=1, limit=2)] == [2, 3]
+    for bad in ({"limit": MAX_PAGE + 1}, {"limit": 0}, {"limit": 10**9}, {"limit": "5"}, {"limit": True},
+                {"after": -1}, {"after": "0"}):
+        with pytest.raises(InvalidInput) as refused:
+            store.events(stream, **bad)
+        assert refused.value.code == "input.invalid" and refused.value.details["field"] in bad, bad
+
+
+def test_a_turns_start_is_in_its_buffer_before_start_turn_returns(store: Any) -> None:
+    # read straight from the coordinator (Store.events would flush first): what a subscriber that
+    # connects the moment the turn is started finds, in this process or another
+    project = store.create_project(f"at-once-{time.monotonic_ns()}", files={"a.txt": "a"})
+    for i in range(20):
+        turn = store.start_turn(project.id, "go") if i == 0 else store.continue_turn(project.id, "on")
+        tail = store.coord.tail(f"turn:{turn.id}")
+        assert tail.epoch is not None and [(e.id, e.type) for e in tail.events] == [(1, "turn.started")], i
+        assert tail.events[0].data == {"turn_id": turn.id, "project_id": project.id}
+        store.complete_turn(turn.id, "done")

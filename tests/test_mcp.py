@@ -91,6 +91,8 @@ async def every_tool(s: ClientSession) -> list[tuple[str, str, str | None]]:
     """Call each tool once (and a few refusals); check each answer; return the calls expected
     in the history."""
     assert {t.name for t in (await s.list_tools()).tools} == TOOL_NAMES
+    # the agent's tools: none decides a tool call (an approval is a person's, through an approver or admin token)
+    assert not [n for n in TOOL_NAMES if any(w in n for w in ("approv", "decide", "deny"))]
 
     view = ok(await s.call_tool("view_file", {"path": "main.py"}))
     assert view["content"] == "print(1)\n" and view["truncated"] is False and view["total_lines"] == 1
@@ -257,6 +259,7 @@ def test_http_refuses_observers_other_projects_and_their_turns(service: Service)
     cases = [
         (service.token("observer"), url, 403, "auth.forbidden"),
         (service.token("observer", project_id=mine), url, 403, "auth.forbidden"),
+        (service.token("approver", project_id=mine), url, 403, "auth.forbidden"),  # decides calls, never makes one
         (service.token("observer", project_id=other), url, 404, "project.not_found"),  # 404 before 403
         (service.token("agent", project_id=other), url, 404, "project.not_found"),
         (service.token("agent", project_id=other), f"{url}/turns/{turn_id}", 404, "project.not_found"),

@@ -3,7 +3,7 @@
 ``ROUTES`` names each route of the app (method, path template as in
 /openapi.json), the roles it admits, a request that succeeds on a fresh
 ``World`` and the status that success is. The table is checked against
-every caller: admin, agent, observer (tokens of every project), no token,
+every caller: admin, agent, observer, approver (tokens of every project), no token,
 a token that never existed and a revoked admin token. A route missing from
 the table fails ``test_the_table_covers_every_route_of_the_app``: a new route
 needs a role decision.
@@ -34,9 +34,11 @@ from services import token as random_token
 
 ADMIN = frozenset({"admin"})
 AGENT = frozenset({"admin", "agent"})
-ANY = frozenset({"admin", "agent", "observer"})
-PUBLIC = frozenset({"admin", "agent", "observer", "none", "bad", "revoked"})
-CALLERS = ["admin", "agent", "observer", "none", "bad", "revoked"]
+ANY = frozenset({"admin", "agent", "observer", "approver"})
+TURN_READERS = frozenset({"admin", "agent", "approver"})  # what an approver reads to decide
+DECIDERS = frozenset({"admin", "approver"})  # a person's decision: never an agent's
+PUBLIC = frozenset({"admin", "agent", "observer", "approver", "none", "bad", "revoked"})
+CALLERS = ["admin", "agent", "observer", "approver", "none", "bad", "revoked"]
 UNKNOWN_TOKEN = f"dst_{'0' * 32}_{'A' * 43}"  # well formed, never issued
 
 
@@ -157,10 +159,10 @@ ROUTES: list[Route] = [
     # turns
     R("POST", f"{P}/turns", AGENT, 201, json={"user_message": {"role": "user", "content": "hi"}}, paused=True),
     R("POST", f"{P}/turns", AGENT, 201, json={"user_message": "go on", "continue": True}, paused=True),
-    R("GET", f"{P}/turns", AGENT, 200),
-    R("GET", T, AGENT, 200),
-    R("GET", f"{T}/tool-calls", AGENT, 200),
-    R("GET", f"{T}/events", AGENT, 200, headers=EVENTS_PAGE, why="a turn's stream"),
+    R("GET", f"{P}/turns", TURN_READERS, 200),
+    R("GET", T, TURN_READERS, 200),
+    R("GET", f"{T}/tool-calls", TURN_READERS, 200),
+    R("GET", f"{T}/events", TURN_READERS, 200, headers=EVENTS_PAGE, why="a turn's stream"),
     R("POST", f"{T}/complete", AGENT, 200, json={"assistant_message": "done"}),
     R("POST", f"{T}/interrupt", AGENT, 200, json={"partial_response": {"text": "half"}}),
     R("POST", f"{T}/fail", AGENT, 200, json={"error": "boom"}),
@@ -171,8 +173,8 @@ ROUTES: list[Route] = [
     R("POST", f"{T}/tool-calls", AGENT, 201, json={"tool_name": "search_code", "args": {"q": "x"}}),
     R("POST", f"{T}/tool-calls/{{seq}}/complete", AGENT, 204, url=f"{T}/tool-calls/1/complete", json={"result": 1}),
     R("POST", f"{T}/tool-calls/{{seq}}/fail", AGENT, 204, url=f"{T}/tool-calls/1/fail", json={"error": "x"}),
-    R("POST", f"{T}/tool-calls/{{seq}}/approval", AGENT, 200, url=f"{T}/tool-calls/2/approval",
-      json={"approved": True, "reason": "fine"}, approval=True),
+    R("POST", f"{T}/tool-calls/{{seq}}/approval", DECIDERS, 200, url=f"{T}/tool-calls/2/approval",
+      json={"approved": True, "reason": "fine"}, approval=True, why="a person decides, never the agent"),
     # draft writes
     R("PUT", f"{T}/files/{{path}}", AGENT, 204, url=f"{T}/files/src/new.py", content=b"NEW = 1\n"),
     R("DELETE", f"{T}/files/{{path}}", AGENT, 204, url=f"{T}/files/main.py"),
@@ -220,7 +222,8 @@ def secrets_of(service: Service, project_id: str | None = None) -> dict[str, str
     revoked, secret = store.tokens.create("admin", name="revoked at once")
     store.tokens.revoke(revoked.id)
     return {"admin": service.token("admin", project_id), "agent": service.token("agent", project_id),
-            "observer": service.token("observer", project_id), "none": None, "bad": UNKNOWN_TOKEN,
+            "observer": service.token("observer", project_id),
+            "approver": service.token("approver", project_id), "none": None, "bad": UNKNOWN_TOKEN,
             "revoked": secret}
 
 
@@ -275,7 +278,8 @@ def test_every_route_admits_exactly_the_roles_it_should(service: Service) -> Non
 def test_a_project_scoped_token_never_reaches_another_project(service: Service) -> None:
     store = service.store
     a, b = build_world(store), build_world(store)
-    scoped = {role: service.client(token=service.token(role, a.project_id)) for role in ("admin", "agent", "observer")}
+    scoped = {role: service.client(token=service.token(role, a.project_id))
+              for role in ("admin", "agent", "observer", "approver")}
     scoped_rows = [r for r in ROUTES if "{project_id}" in r.path or "{turn_id}" in r.path]
     wrong: list[str] = []
     # on project B: not found, exactly as if it did not exist, whatever the role may do
@@ -448,7 +452,7 @@ def test_whoami_in_open_mode_is_an_admin_of_every_project_without_a_token(servic
 
 def test_whoami_names_the_role_the_scope_and_the_token(service: Service) -> None:
     p = service.store.create_project("whoami")
-    for role in ("admin", "agent", "observer"):
+    for role in ("admin", "agent", "observer", "approver"):
         for project_id in (None, p.id):
             secret = service.token(role, project_id)
             r = service.client(token=secret).get("/v1/whoami")
@@ -511,3 +515,43 @@ def test_a_request_that_names_no_actor_is_recorded_as_its_token(service: Service
     r = admin.post(f"/v1/projects/{pid}/fork", json={"name": "audited copy"})
     assert r.status_code == 201, r.text
     assert service.store.list_versions(r.json()["id"])[0].created_by == "ops-console"
+
+
+def test_an_agent_never_decides_a_tool_call_and_an_approver_decides_without_touching_the_draft(
+        service: Service) -> None:
+    """An approval is a person's decision: the agent that asked cannot approve its own call; the
+    backend relaying a person's click holds an approver token (here scoped to the project): it
+    reads the turn, its pending calls and its events, decides, and can write nothing."""
+    world = build_world(service.store, approval=True)
+    t, pid = world.turn_id, world.project_id
+    agent = service.client(token=service.token("agent", pid))
+    approver = service.client(token=service.token("approver", pid))
+    r = agent.post(f"/v1/turns/{t}/tool-calls/2/approval", json={"approved": True, "reason": "I say so"})
+    assert outcome(r) == (403, "auth.forbidden"), r.text
+    assert service.store.get_turn(t).tool_calls[1].status == "awaiting_approval"  # the refusal changed nothing
+
+    # what the approver reads to decide
+    assert [x["id"] for x in approver.get(f"/v1/projects/{pid}/turns").json()["items"]][-1] == t
+    pending = [c for c in approver.get(f"/v1/turns/{t}/tool-calls").json()["items"]
+               if c["status"] == "awaiting_approval"]
+    assert [(c["seq"], c["tool_name"]) for c in pending] == [(2, "rm")]
+    events = approver.get(f"/v1/turns/{t}/events", headers=EVENTS_PAGE).json()["events"]
+    assert ("tool.awaiting_approval", 2) in [(e["type"], e["data"].get("seq")) for e in events]
+    assert approver.get(f"/v1/projects/{pid}").json()["draft"] is None  # the draft is not its to read
+    r = approver.post(f"/v1/turns/{t}/tool-calls/2/approval", json={"approved": True, "reason": "asked Alice"})
+    assert r.status_code == 200 and r.json()["status"] == "started", r.text
+    assert r.json()["approval"]["approved"] is True
+
+    # and nothing that writes the draft or runs the turn
+    before = service.store.get_draft(pid).revision
+    for r in (approver.put(f"/v1/turns/{t}/files/evil.py", content=b"x"),
+              approver.post(f"/v1/turns/{t}/tool-calls", json={"tool_name": "rm", "args": {}}),
+              approver.post(f"/v1/turns/{t}/tool-calls/2/complete", json={"result": 1}),
+              approver.post(f"/v1/turns/{t}/cancel"),
+              approver.patch(f"/v1/turns/{t}/characters", json={"patch": {"evil": 1}}),
+              approver.post(f"/v1/projects/{pid}/turns", json={"user_message": "mine now"}),
+              approver.get(f"/v1/projects/{pid}/view"),
+              approver.post(f"/v1/projects/{pid}/discard")):
+        assert outcome(r) == (403, "auth.forbidden"), r.text
+    assert service.store.get_draft(pid).revision == before
+    assert service.store.get_turn(t, tool_calls=False).status == "running"

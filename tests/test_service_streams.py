@@ -667,12 +667,15 @@ def test_after_the_buffers_ttl_a_new_subscriber_gets_the_history_rebuilt_from_th
                 ("tool.failed", 2), ("turn.completed", None)]
     assert durable_keys(svc, t) == expected
     assert [k for k in keys(before) if k[0] != "assistant.delta"] == expected
+    shown = page(c, f"/v1/turns/{t}/events")  # the JSON page too: rebuilt, and says so
+    assert keys(shown["events"]) == expected and shown["rebuilt"]["deltas_missing"] is True
     for last_id in (None, before[3]["id"], before[-1]["id"]):  # a new client, one half-way, one at the end
         with sse(svc, f"/v1/turns/{t}/events", last_event_id=last_id) as es:
             got = es.read_to_end()
         assert got[0].type == "stream.rebuilt" and got[0].json["deltas_missing"] is True
         assert keys(got[1:-1]) == expected and got[-1].type == "stream.end"
-        assert got[-2].json == {"turn_id": t, "end_root": c.get(f"/v1/turns/{t}").json()["end_root"]}
+        assert got[-2].json == {"turn_id": t, "end_root": c.get(f"/v1/turns/{t}").json()["end_root"],
+                                "end_reason": "completed"}
 
 
 def test_approvals_are_part_of_the_rebuilt_history(service: Service):
@@ -700,23 +703,56 @@ def test_approvals_are_part_of_the_rebuilt_history(service: Service):
                                    ("tool.completed", 1)]
 
 
-def test_subscribing_right_after_a_turn_starts_never_repeats_an_event(service: Service):
-    # the service appends events off the request's path: a client that subscribes at once may find
-    # no buffer yet and get the history rebuilt, and then the same events reach the buffer
+def test_a_client_subscribing_the_moment_a_turn_starts_gets_its_history_once_and_no_false_rebuild(
+        service: Service):
+    # the subscriber connects as soon as POST .../turns answers, fifty times: the buffer is there and
+    # whole by then (turn.started is appended before the answer), so nothing is "rebuilt" although
+    # nothing was lost, and reconnecting with the last id it got repeats nothing
     c = service.client()
     p = new_project(c)
-    for i in range(8):
+    for i in range(50):
         t = start_turn(c, p, cont=i > 0)
         with sse(service, f"/v1/turns/{t}/events") as es:
+            first = es.read_n(1)[0]
+            assert first.type == "turn.started" and first.n == 1, (i, first)
             tool_call(c, t)
             complete(c, t)
-            got = es.read_to_end()
-            durable = [e for e in got if e.type not in ("stream.rebuilt", "stream.end")]
-            assert keys(durable) == [("turn.started", None), ("tool.started", 1), ("tool.completed", 1),
-                                     ("turn.completed", None)], [e.type for e in got]
-            if got[0].type == "stream.rebuilt":  # and the cursor it leaves resumes without repeating anything
-                with sse(service, f"/v1/turns/{t}/events", last_event_id=es.last_event_id) as back:
-                    assert [e.type for e in back.read_to_end()] == ["stream.end"]
+            got = [first] + es.read_to_end()
+        assert [e.type for e in got].count("stream.rebuilt") == 0, (i, [e.type for e in got])
+        assert keys(got) == [("turn.started", None), ("tool.started", 1), ("tool.completed", 1),
+                             ("turn.completed", None), ("stream.end", None)], i
+        assert_ids_increase(got[:-1])
+        with sse(service, f"/v1/turns/{t}/events", last_event_id=got[-2].last_event_id) as back:
+            assert [e.type for e in back.read_to_end()] == ["stream.end"]
+
+
+def test_a_client_back_with_the_id_of_a_history_rebuilt_before_its_buffer_existed_gets_nothing_twice(
+        service_factory, private_redis: PrivateRedis):
+    # a rebuild made while no buffer exists leaves the client the id "-:0"; the buffer created after
+    # it may hold events the rebuild sent already (they are appended off their operation's path),
+    # so a client back with that id gets the history rebuilt again, never an event of it twice
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    tool_call(c, t)
+    wait_buffered(c, t, ends_with("tool.completed"))
+    with private_redis.client() as r:
+        r.flushall()
+    with sse(svc, f"/v1/turns/{t}/events") as es:
+        got = es.read_n(4)
+    assert got[0].type == "stream.rebuilt" and got[-1].last_event_id == "-:0"
+    seq = tool_call(c, t)  # its events create the buffer anew
+    wait_buffered(c, t, ends_with("tool.completed"))
+    with sse(svc, f"/v1/turns/{t}/events", last_event_id="-:0") as back:
+        again = back.read_n(6)
+        complete(c, t)
+        rest = back.read_to_end()
+    assert again[0].type == "stream.rebuilt"
+    assert keys(again[1:]) == durable_keys(svc, t)[:5] == [
+        ("turn.started", None), ("tool.started", 1), ("tool.completed", 1), ("tool.started", seq),
+        ("tool.completed", seq)]
+    assert keys(rest) == [("turn.completed", None), ("stream.end", None)]
 
 
 # == keep-alive ==================================================================================
@@ -926,12 +962,53 @@ def test_a_projects_stream_and_an_after_id_are_rebuilt_from_the_database_after_t
     with sse(svc, f"/v1/turns/{t}/events?after={turn_last}") as es:
         got = es.read_to_end()
     assert got[0].type == "stream.rebuilt" and keys(got[1:-1]) == durable_keys(svc, t)
-    # and the JSON page, given an id of a lost buffer, pages the buffer there is from its start
+    # and the JSON page, given an id of a lost buffer, is rebuilt as the stream is: the committed
+    # events from the database, then the buffer's from where the rebuild left it
     shown = page(c, f"/v1/projects/{p}/events", after=before[-1].last_event_id)
-    assert shown["epoch"] != before[-1].epoch and without_at(shown["events"][0]["data"]) == {"to_version_id": v1}
+    assert shown["rebuilt"]["reason"] and shown["rebuilt"]["deltas_missing"] is False
+    assert [(e["type"], without_at(e["data"])) for e in shown["events"]] == history
+    assert all(e["id"] is None for e in shown["events"]) and shown["epoch"] != before[-1].epoch
+    assert page(c, f"/v1/projects/{p}/events", after=shown["next_after"])["events"] == []
     for bad in (":3", "1:x", "-1", "9" * 30, "x" * 101):
         r = c.get(f"/v1/turns/{t}/events", params={"after": bad})
         assert r.status_code == 422 and r.json()["code"] == "input.invalid", bad
+
+
+def test_the_json_page_of_a_turn_whose_buffer_was_flushed_lists_its_committed_events_rebuilt(
+        service_factory, private_redis: PrivateRedis):
+    """The JSON page mode reads what SSE reads: once the buffer is lost, the turn's committed
+    events from the database, marked ``rebuilt`` as the stream's ``stream.rebuilt`` is."""
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    c = svc.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    tool_call(c, t)
+    delta(c, t, "text only the buffer had")
+    seq = tool_call(c, t, finish=False)
+    assert c.post(f"/v1/turns/{t}/tool-calls/{seq}/fail", json={"error": "boom"}).status_code == 204
+    before = wait_buffered(c, t, ends_with("tool.failed"))
+    assert page(c, f"/v1/turns/{t}/events")["rebuilt"] is None  # a whole buffer: read as it is
+    with private_redis.client() as r:
+        r.flushall()
+
+    expected = [("turn.started", None), ("tool.started", 1), ("tool.completed", 1), ("tool.started", 2),
+                ("tool.failed", 2)]
+    for after in ({}, {"after": before[-1]["id"]}):  # a new reader, and one that had read it all
+        got = page(c, f"/v1/turns/{t}/events", **after)
+        assert got["rebuilt"]["deltas_missing"] is True and got["rebuilt"]["reason"], after
+        assert keys(got["events"]) == expected and all(e["id"] is None for e in got["events"])
+        assert got["epoch"] is None and got["next_after"] == "-:0" and got["has_more_after"] is False
+    # the turn goes on: its next page holds what came after, once
+    complete(c, t)
+    wait_buffered(c, t, ends_with("turn.completed"))
+    nxt = page(c, f"/v1/turns/{t}/events", after=got["next_after"])
+    assert nxt["rebuilt"]["reason"] == "the buffer was created after this client's rebuilt history"
+    assert keys(nxt["events"]) == expected + [("turn.completed", None)]
+    last = page(c, f"/v1/turns/{t}/events", after=nxt["next_after"])
+    assert (last["events"], last["rebuilt"], last["has_more_after"]) == ([], None, False)
+    # a page is at most 1000 events, as Store.events reads (tests/test_events.py)
+    r = c.get(f"/v1/turns/{t}/events", params={"limit": 1001}, headers={"accept": "application/json"})
+    assert (r.status_code, r.json()["code"]) == (422, "input.invalid")
 
 
 def test_a_fresh_subscriber_to_a_turn_whose_buffer_was_recreated_gets_the_rebuilt_history(

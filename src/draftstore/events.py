@@ -14,7 +14,12 @@ stream is dropped before the next append to it, so the stream comes back
 under a new epoch and its readers rebuild it from the database, instead of
 reading on past a gap they cannot see.
 
-The one exception is an event nothing else records: an assistant text delta
+A stream's first event (a turn's ``turn.started``) is appended before the
+operation returns (``emit_now``): a reader that subscribes the moment the turn
+is started must find a buffer holding the whole history; finding none, it could
+not tell "not appended yet" from "lost", and would rebuild what was never lost.
+
+The other exception is an event nothing else records: an assistant text delta
 lives only in the buffer (no row per delta). ``append_now`` appends such an
 event before it returns, after everything queued before it, and raises if the
 coordinator refused it: once its caller acknowledges it, a process killed the
@@ -34,7 +39,7 @@ from typing import Any
 from .coord import Coordinator
 from .errors import DraftstoreError
 
-__all__ = ["Activity", "EventPublisher", "LINGER_S", "MAX_DEFER_S"]
+__all__ = ["Activity", "EventPublisher", "LINGER_S", "MAX_DEFER_S", "MAX_PAGE"]
 
 log = logging.getLogger("draftstore.events")
 
@@ -52,6 +57,8 @@ LINGER_S = 0.005
 # the middle of file writes, it cost them 0.4 ms at the median). An idle process
 # appends after the linger alone.
 MAX_DEFER_S = 0.005  # about one file write: appends still land within 10 ms of their event
+# the most buffered events one read returns, in Python (``Store.events``) as over HTTP (the JSON page)
+MAX_PAGE = 1000
 
 
 class Activity:
@@ -190,6 +197,17 @@ class EventPublisher:
             self.flush()
         self._recreate_lost()
         return self.coord.append(stream, type, data)
+
+    def emit_now(self, stream: str, type: str, data: dict[str, Any]) -> None:
+        """Append a stream's first event before returning (``append_now``), so a reader
+        that subscribes as soon as its caller answers finds the buffer there and whole.
+        A coordinator that refuses it is logged, not raised: the event is in the
+        database, and a stream whose first event is missing is rebuilt from there."""
+        try:
+            self.append_now(stream, type, data)
+        except DraftstoreError as exc:
+            log.warning("event %s on %s not buffered (its readers rebuild it from the database): %s",
+                        type, stream, exc)
 
     def _settle(self, n: int) -> None:
         """``n`` queued items settled (negative: ``-n`` more queued)."""

@@ -29,6 +29,7 @@ __all__ = [
     "HeadMoveReason",
     "DraftClosedReason",
     "TurnEndReason",
+    "end_reason_of",
     "Role",
     "Token",
     "Page",
@@ -66,11 +67,23 @@ class ToolCallStatus(StrEnum):
 
 
 class TurnEndReason(StrEnum):
-    """Why a turn ended, beyond its status (None: ended as its worker asked)."""
+    """Why a turn ended, beyond its status (None: ended as its worker asked).
+
+    A turn's end event carries ``end_reason`` always (``end_reason_of``): this
+    value, else the status its worker ended it with (``completed``,
+    ``interrupted``, ``failed``)."""
 
     CANCELLED = "cancelled"  # interrupted by a user's cancel: not a failure
     HEARTBEAT_LAPSED = "heartbeat_lapsed"  # interrupted by the recovery sweep
     DISCARDED = "discarded"  # rolled back with its draft
+
+
+def end_reason_of(status: str, reason: str | None) -> str:
+    """Why an ended turn ended, in one word a subscriber can switch on: ``completed``,
+    ``interrupted`` or ``failed`` (its worker's end), ``cancelled`` (a user's cancel),
+    ``heartbeat_lapsed`` (reaped by the recovery sweep), ``discarded`` (rolled back
+    with its draft)."""
+    return str(reason) if reason is not None else str(status)
 
 
 class SnapshotStatus(StrEnum):
@@ -90,8 +103,11 @@ class SandboxStatus(StrEnum):
 
 class Role(StrEnum):
     ADMIN = "admin"  # everything
-    AGENT = "agent"  # turns, tool calls, draft writes, views, turn streams, approvals
+    AGENT = "agent"  # turns, tool calls, draft writes, views, turn streams; never decides a tool call
     OBSERVER = "observer"  # published versions, their files, diffs between them, committed events
+    # what an observer reads, plus turns, their tool calls and events; decides tool calls awaiting
+    # approval (a backend relaying a person's click). Never writes a draft, never reads one.
+    APPROVER = "approver"
 
 
 class HeadMoveReason(StrEnum):

@@ -38,6 +38,7 @@ from .coord.base import Event
 from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
 from .diff import Diff
+from .events import MAX_PAGE as MAX_EVENT_PAGE
 from .drafts import Drafts
 from . import idprefix
 from .projects import Projects
@@ -583,11 +584,16 @@ class Store:
         return self._b.check()
 
     # ------------------------------------------------------------------- events
-    def events(self, stream: str, after: int = 0, limit: int = 1000) -> list[Event]:
-        """Buffered events of ``turn:<id>`` or ``project:<id>`` with id > ``after``.
+    def events(self, stream: str, after: int = 0, limit: int = MAX_EVENT_PAGE) -> list[Event]:
+        """Buffered events of ``turn:<id>`` or ``project:<id>`` with id > ``after``, at most
+        ``limit`` (1 to 1000, as the HTTP page: else ``input.invalid``).
 
         Includes every event this store emitted before the call.
         """
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= MAX_EVENT_PAGE:
+            raise E.InvalidInput(f"limit is an integer from 1 to {MAX_EVENT_PAGE}", field="limit")
+        if not isinstance(after, int) or isinstance(after, bool) or after < 0:
+            raise E.InvalidInput("after is an event id: an integer from 0", field="after")
         self._b.events.flush()
         return self.coord.read(stream, after=after, limit=limit)
 

@@ -43,7 +43,7 @@ from .ids import new_id
 from .projects import Projects
 from .deltas import Deltas
 from .digest import Digest, digest_of
-from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware
+from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware, end_reason_of
 from .sealing import Fold, Sealing
 from .toolcalls import ToolCalls
 
@@ -146,7 +146,8 @@ class Turns:
             # the partial unique indexes caught a race the checks above could not see
             raise E.TurnAlreadyRunning(f"another turn of project {project_id} started first") from exc
         self._beat(tid)
-        self.b.emit(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
+        # in the buffer before the caller is answered: a subscriber connecting at once finds it (events.py)
+        self.b.events.emit_now(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
         self.b.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
         return turn_record(row)
 
@@ -277,8 +278,10 @@ class Turns:
             except E.DraftstoreError:
                 pass
         stream = f"turn:{turn.id}"
-        self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root})
-        self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id})
+        reason = end_reason_of(turn.status, turn.end_reason)  # a cancel told from a crash without a read
+        self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
+                                                    "end_reason": reason})
+        self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id, "end_reason": reason})
         self.b.expire_stream(stream)
 
     def _not_running(self, turn_id: str, status: str | None) -> E.DraftstoreError:
@@ -350,7 +353,8 @@ class Turns:
             if c.status in ("completed", "failed"):
                 out.append((f"tool.{c.status}", base))
         if turn.status != TurnStatus.RUNNING:
-            out.append((f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root}))
+            out.append((f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
+                                                "end_reason": end_reason_of(turn.status, turn.end_reason)}))
         return out
 
     # -- recovery -------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ..records import Role
 from ..settings import Settings
 from ..store import Store
 from .failures import EXIT, fail
@@ -47,7 +48,9 @@ def token() -> None:
 
 
 @token.command("create")
-@click.option("--role", type=click.Choice(["admin", "agent", "observer"]), required=True)
+@click.option("--role", type=click.Choice([r.value for r in Role]), required=True,
+              help="admin: everything; agent: turns and draft writes; observer: published versions; "
+                   "approver: decides tool calls awaiting approval, reads turns, never writes a draft")
 @click.option("--project", "project", default=None, help="scope it to one project (default: every project)")
 @click.option("--name", default="", help="a label, to recognise it in lists")
 def token_create(role: str, project: str | None, name: str) -> None:

@@ -31,7 +31,8 @@ from .. import errors as E
 from ..records import Role
 from ..store import Store
 
-__all__ = ["Principal", "Allow", "authorize", "StoreDep", "ADMIN", "AGENT", "ANY", "project_scope", "turn_scope",
+__all__ = ["Principal", "Allow", "authorize", "StoreDep", "ADMIN", "AGENT", "ANY", "DECIDERS", "PUBLISHED_ONLY",
+           "TURN_READERS", "project_scope", "turn_scope",
            "check_open_mode_origin", "loopback_host"]
 
 AUTH_CACHE_S = 5.0  # an authenticated (or revoked) token is re-checked after this long
@@ -51,6 +52,11 @@ class Principal:
         if self.token_id is None:
             return None
         return self.token_name or f"token:{self.token_id}"
+
+    @property
+    def published_only(self) -> bool:
+        """This caller reads published versions only, never a draft (an observer, an approver)."""
+        return self.role in PUBLISHED_ONLY
 
     def may_see(self, project_id: str) -> bool:
         return self.project_id is None or self.project_id == project_id
@@ -199,7 +205,13 @@ def check_open_mode_origin(host: str | None, origin: str | None) -> None:
 
 ADMIN = (Role.ADMIN,)
 AGENT = (Role.ADMIN, Role.AGENT)
-ANY = (Role.ADMIN, Role.AGENT, Role.OBSERVER)
+ANY = (Role.ADMIN, Role.AGENT, Role.OBSERVER, Role.APPROVER)
+# a turn's record, tool calls and events: what an approver reads to decide
+TURN_READERS = (Role.ADMIN, Role.AGENT, Role.APPROVER)
+# deciding a tool call awaiting approval is a person's act: never an agent's
+DECIDERS = (Role.ADMIN, Role.APPROVER)
+# roles that read published versions only, never a draft
+PUBLISHED_ONLY = frozenset({Role.OBSERVER, Role.APPROVER})
 
 
 async def authorize(request: Request, roles: tuple[Role, ...]) -> Principal:

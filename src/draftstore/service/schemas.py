@@ -133,7 +133,7 @@ class CreateToken(Body):
 class Whoami(BaseModel):
     """The caller as the service sees it (``GET /v1/whoami``)."""
 
-    role: Literal["admin", "agent", "observer"]
+    role: Literal["admin", "agent", "observer", "approver"]
     project_id: str | None = Field(..., description="the one project the token is scoped to; null: every project")
     token_id: str | None = Field(..., description="the token's id; null in open mode")
     open_mode: bool = Field(..., description="true: no token exists, the service answers loopback clients as admins")

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from ... import errors as E
 from ... import paging
 from ...diff import Diff
-from ...records import Draft, HeadMove, Page, Project, Role, Version
+from ...records import Draft, HeadMove, Page, Project, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
 from ..schemas import Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Rollback, decode_files
@@ -29,8 +29,8 @@ def _unscoped(principal: Principal, doing: str) -> None:
 
 
 def _shown(p: Project, principal: Principal) -> Project:
-    # an observer never learns of a draft
-    return dataclasses.replace(p, active_draft_id=None) if principal.role == Role.OBSERVER else p
+    # an observer (or an approver) never learns of a draft
+    return dataclasses.replace(p, active_draft_id=None) if principal.published_only else p
 
 
 @router.post("/projects", status_code=201, response_model=Project, response_class=JSON)

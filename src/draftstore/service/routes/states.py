@@ -14,7 +14,7 @@ from starlette.responses import Response
 
 from ... import errors as E
 from ... import paging
-from ...records import Page, Role
+from ...records import Page
 from ...search import PAGE_BYTES, paged
 from ...store import Store
 from ...view import DirEntry, FileStat, PathList, View
@@ -34,12 +34,12 @@ def observer_ref(store: Store, principal: Principal, project_id: str, ref: str) 
         raise E.InvalidInput("a state is draft, head, version:<id> or turn:<id>:start|end", field="at")
     kind, _, rest = ref.partition(":")
     if kind in ("draft", "head") and not rest:
-        if kind == "draft" and principal.role == Role.OBSERVER:
-            raise E.Forbidden("an observer reads published versions only (at=head or at=version:<id>)")
+        if kind == "draft" and principal.published_only:
+            raise E.Forbidden(f"an {principal.role} reads published versions only (at=head or at=version:<id>)")
         return f"{kind}:{project_id}"
     if kind == "turn":
-        if principal.role == Role.OBSERVER:
-            raise E.Forbidden("an observer reads published versions only")
+        if principal.published_only:
+            raise E.Forbidden(f"an {principal.role} reads published versions only")
         turn_id, _, boundary = rest.partition(":")
         if store.get_turn(turn_id, tool_calls=False).project_id != project_id:
             raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)

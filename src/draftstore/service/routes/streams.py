@@ -15,6 +15,9 @@ drafts). A client treats ``stream.rebuilt`` as "replace what you had". A
 buffered event that the rebuild already sent (it reached the buffer after the
 rebuild's snapshot) is not sent again: an event with only an ``id:`` line moves
 the client's ``Last-Event-ID`` past it (EventSource dispatches nothing for it).
+A rebuild made while no buffer exists leaves the id ``-:<n>``: a client back
+with it once a buffer exists gets the history rebuilt again (the new buffer
+may hold events the rebuild sent, and which is not known), never one twice.
 
 A turn's stream ends (``stream.end``) after the turn's end event, once
 ``AFTER_END_S`` has passed with nothing more to send: each process appends
@@ -36,7 +39,18 @@ with ``before`` alone the newest ``limit`` (paging backwards);
 before the page / after it, and ``next_after`` / ``next_before`` are what to
 pass for the next page either way (a window holding only events this reader
 may not see, say a project's turn events, gives an empty page: the next one
-starts past it).
+starts past it). Where SSE would send ``stream.rebuilt`` the page is rebuilt
+too: a turn's page asked for from its start (no ``after``) whose buffer no
+longer holds the turn's start, or a page after an id of a buffer that is gone
+(or trimmed past it), lists the durable events from the database (with
+``"id": null``), then what the buffer got since that they do not hold, and
+says so in ``rebuilt``: ``{"reason", "deltas_missing"}`` (null on a page of
+the buffer). ``next_after`` continues in the buffer. A bare number as
+``after`` reads the buffer as it is now, never a rebuild. Unlike a stream, a
+page keeps nothing between requests: an event the rebuild listed that reaches
+the buffer only after the page was read (appended off its operation's path,
+within about 10 ms) comes again on the next page; a reader tells a turn's
+events apart by type and ``seq``.
 """
 
 from __future__ import annotations
@@ -52,9 +66,10 @@ from ..threads import run_sync
 
 from ... import errors as E
 from ...coord import Tail
-from ...records import Role, TurnStatus
+from ...events import MAX_PAGE
+from ...records import TurnStatus
 from ...store import Store
-from ..auth import AGENT, ANY, Allow, Principal, StoreDep, project_scope, turn_scope
+from ..auth import ANY, TURN_READERS, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON, dumps
 from ..schemas import EventPage
 
@@ -104,6 +119,23 @@ def _position(last_event_id: str | None, after: str | None) -> tuple[str | None,
     return None
 
 
+def _key(of_turn: bool, type_: str, data: Any) -> tuple[str, Any]:
+    """What tells a rebuilt event's buffered copy: a turn's by its call's ``seq`` (one
+    event of a type per call, or per turn), a project's by its content (each names its
+    version, draft, or head move's time: no two are alike)."""
+    return (type_, data.get("seq")) if of_turn else (type_, dumps(data))
+
+
+def _durable(store: Store, turn_id: str | None, project_id: str | None, types: set[str] | None,
+             no_drafts: bool) -> list[tuple[str, Any]]:
+    """A stream's durable events, rebuilt from the database: a turn's whole history, or a
+    project's newest ``PROJECT_REBUILD`` committed events (what this reader may see)."""
+    if turn_id:
+        return store.durable_events(turn_id)
+    return [(t, d) for t, d in store.durable_project_events(project_id, PROJECT_REBUILD)
+            if _shown(types, no_drafts, t, d)]
+
+
 def _sse(epoch: str | None, event: Any) -> ServerSentEvent:
     return ServerSentEvent(dumps(event.data).decode(), event=event.type, id=f"{epoch or '-'}:{event.id}")
 
@@ -135,22 +167,14 @@ class _Stream:
                 delay = min(delay * 2, MAX_RETRY_S)
 
     def _key(self, type_: str, data: Any) -> tuple[str, Any]:
-        """What tells a rebuilt event's buffered copy: a turn's by its call's ``seq`` (one
-        event of a type per call, or per turn), a project's by its content (each names its
-        version, draft, or head move's time: no two are alike)."""
-        return (type_, data.get("seq")) if self.turn_id else (type_, dumps(data))
+        return _key(bool(self.turn_id), type_, data)
 
     async def rebuilt(self, reason: str) -> AsyncIterator[ServerSentEvent]:
         """The ``stream.rebuilt`` marker and the durable events; live events follow from the buffer's end."""
         tail = await self.tail(MAX_EVENT_ID)  # only the position: where live events will continue
         self.epoch, self.after = tail.epoch, tail.last_id
         cursor = f"{self.epoch or '-'}:{self.after}"
-        if self.turn_id:
-            events = await run_sync(self.store.durable_events, self.turn_id)
-        else:
-            events = [(t, d) for t, d in await run_sync(self.store.durable_project_events, self.project_id,
-                                                        PROJECT_REBUILD)
-                      if _shown(self.types, self.no_drafts, t, d)]
+        events = await run_sync(_durable, self.store, self.turn_id, self.project_id, self.types, self.no_drafts)
         self.rebuilt_keys = {self._key(type_, data) for type_, data in events}
         yield ServerSentEvent(dumps({"reason": reason, "deltas_missing": bool(self.turn_id)}).decode(),
                               event="stream.rebuilt", id=cursor if not events else None)
@@ -178,9 +202,12 @@ class _Stream:
             return
         epoch, n = position
         if epoch == "-" and tail.epoch is not None:
-            tail = await self.tail(0)  # the buffer was created after the client's rebuilt snapshot
-            n = 0
-            epoch = tail.epoch
+            # the buffer was created after the client's rebuilt snapshot: it may hold events that snapshot
+            # sent already (appended off their operation's path, after it) and which ones is not known
+            # here, so the client gets the history rebuilt again rather than an event twice
+            async for e in self.rebuilt("the buffer was created after this client's rebuilt history"):
+                yield e
+            return
         if (epoch is None or epoch == tail.epoch) and tail.epoch is not None and tail.first_id <= n + 1 \
                 and n <= tail.last_id:
             self.epoch, self.after = tail.epoch, n
@@ -235,12 +262,58 @@ def _response(request: Request, stream: _Stream, position: tuple[str | None, int
     return EventSourceResponse(gen(), ping=ping, headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
 
 
+def _lost(store: Store, stream: str, head: Tail, position: tuple[str | None, int] | None,
+          of_turn: bool) -> str | None:
+    """Why a JSON page reader must get its stream rebuilt from the database (as SSE's
+    ``stream.rebuilt`` says), or None: the buffer serves it. A bare number reads the buffer
+    as it is now, whatever it holds (never a rebuild: it names no buffer)."""
+    if position is None:
+        if not of_turn:
+            return None  # a project's page from its buffer's start: a window, never the whole history
+        first = store.coord.tail(stream, 0, 1)
+        whole = first.epoch is not None and first.first_id <= 1 and first.events \
+            and first.events[0].type == "turn.started"
+        return None if whole else "the buffer no longer holds this stream's whole history"
+    epoch, n = position
+    if epoch is None:
+        return None
+    if epoch == "-":
+        return None if head.epoch is None else "the buffer was created after this client's rebuilt history"
+    if epoch != head.epoch or head.first_id > n + 1 or n > head.last_id:
+        return "the buffer this client read from was lost or trimmed"
+    return None
+
+
+def _rebuilt_page(store: Store, stream: str, head: Tail, reason: str, limit: int, types: set[str] | None,
+                  no_drafts: bool, turn_id: str | None, project_id: str | None) -> JSON:
+    """The page SSE's ``stream.rebuilt`` would send: the durable events (no buffer id: they are
+    the database's), then what the buffer got after ``head`` that they do not already hold.
+    ``next_after`` continues from there in the buffer."""
+    durable = _durable(store, turn_id, project_id, types, no_drafts)
+    keys = {_key(bool(turn_id), t, d) for t, d in durable}
+    more = store.coord.tail(stream, head.last_id, limit) if head.epoch is not None else head
+    if more.epoch != head.epoch:  # lost again meanwhile: the next page finds that out
+        more = head
+    late = [e for e in more.events if _key(bool(turn_id), e.type, e.data) not in keys]
+    last = more.events[-1].id if more.events else head.last_id
+    events = [{"id": None, "type": t, "data": d} for t, d in durable] + [
+        {"id": f"{head.epoch}:{e.id}", "type": e.type, "data": e.data}
+        for e in late if _shown(types, no_drafts, e.type, e.data)]
+    return JSON({"events": events, "epoch": head.epoch,
+                 "rebuilt": {"reason": reason, "deltas_missing": bool(turn_id)},
+                 "has_more_before": False, "has_more_after": last < more.last_id,
+                 "next_after": f"{head.epoch or '-'}:{last}", "next_before": last + 1})
+
+
 def _page(store: Store, stream: str, position: tuple[str | None, int] | None, before: int | None, limit: int,
-          types: set[str] | None, no_drafts: bool = False) -> JSON:
+          types: set[str] | None, no_drafts: bool = False, turn_id: str | None = None,
+          project_id: str | None = None) -> JSON:
     head = store.coord.tail(stream, MAX_EVENT_ID, 0)  # the buffer's epoch and id range, once
+    if before is None and (reason := _lost(store, stream, head, position, turn_id is not None)):
+        return _rebuilt_page(store, stream, head, reason, limit, types, no_drafts, turn_id, project_id)
     after = None if position is None else position[1]
     if position is not None and position[0] is not None and position[0] != head.epoch:
-        after = 0  # the buffer that id was of is gone: this one from its start (its ``epoch`` tells the client)
+        after = 0  # a rebuilt history's "-:n" while still no buffer exists: from its start (there is none)
     if after is None:
         after = 0
         if before is not None:  # paging backwards: the newest ``limit`` events before ``before``
@@ -256,7 +329,8 @@ def _page(store: Store, stream: str, position: tuple[str | None, int] | None, be
     first = events[0].id if events else (before if before is not None else after + 1)
     # whether the buffer holds events before the page's first id / after its last (whatever the window asked);
     # where the window ended (a page of events this reader may not see is empty, and the next one is there)
-    return JSON({"events": shown, "epoch": tail.epoch, "has_more_before": tail.first_id > 0 and tail.first_id <= after,
+    return JSON({"events": shown, "epoch": tail.epoch, "rebuilt": None,
+                 "has_more_before": tail.first_id > 0 and tail.first_id <= after,
                  "has_more_after": last < tail.last_id,
                  "next_after": f"{tail.epoch or '-'}:{last}", "next_before": first})
 
@@ -266,7 +340,7 @@ def _wants_json(request: Request) -> bool:
     return "application/json" in accept and "text/event-stream" not in accept
 
 
-Limit = Annotated[int, Query(ge=1, le=1000)]
+Limit = Annotated[int, Query(ge=1, le=MAX_PAGE)]  # as Store.events
 # the SSE stream beside the JSON page (the model): one operation, two media types
 EVENTS: dict[int | str, Any] = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}}}}
 AccessToken = Annotated[str | None, Query(description=(
@@ -284,13 +358,14 @@ async def turn_events(turn_id: str, request: Request, store: StoreDep,
                       after: After = None,
                       before: Annotated[int | None, Query(ge=1, le=MAX_EVENT_ID)] = None, limit: Limit = 100,
                       last_event_id: LastEventId = None, access_token: AccessToken = None,
-                      principal: Principal = Allow(*AGENT)) -> Any:
+                      principal: Principal = Allow(*TURN_READERS)) -> Any:
     """The turn's events: SSE (replay with ``Last-Event-ID``), or with ``Accept:
     application/json`` one page ``{events, has_more_before, has_more_after}``."""
     await run_sync(turn_scope, principal, store, turn_id, request.app.state.turn_projects)
     turn = await run_sync(store.get_turn, turn_id, tool_calls=False)  # turn.not_found before streaming
     if _wants_json(request):
-        return await run_sync(_page, store, f"turn:{turn_id}", _position(None, after), before, limit, None)
+        return await run_sync(_page, store, f"turn:{turn_id}", _position(None, after), before, limit, None,
+                              turn_id=turn_id)
     position = _position(last_event_id, after)
     ended = turn.status != TurnStatus.RUNNING
     return _response(request, _Stream(store, f"turn:{turn_id}", turn_id, None, turn_ended=ended), position)
@@ -307,11 +382,11 @@ async def project_events(project_id: str, request: Request, store: StoreDep,
     and no event that names a draft."""
     project_scope(principal, project_id)
     await run_sync(store.get_project, project_id)
-    observer = principal.role == Role.OBSERVER
+    observer = principal.published_only
     types = PUBLISHED if observer else COMMITTED
     if _wants_json(request):
         return await run_sync(_page, store, f"project:{project_id}", _position(None, after), before, limit, types,
-                              observer)
+                              observer, project_id=project_id)
     position = _position(last_event_id, after)
     return _response(request, _Stream(store, f"project:{project_id}", None, types, no_drafts=observer,
                                       project_id=project_id), position)

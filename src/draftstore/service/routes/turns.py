@@ -12,7 +12,7 @@ from starlette.responses import Response
 
 from ... import errors as E
 from ...records import Draft, Page, ToolCall, Turn
-from ..auth import AGENT, Allow, Principal, StoreDep, project_scope, turn_scope
+from ..auth import AGENT, DECIDERS, TURN_READERS, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON
 from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
                        ToolFail, ToolStart, TurnDetail, decode_files)
@@ -56,8 +56,9 @@ def tool_failed(turn_id: str, seq: int, body: ToolFail, request: Request, store:
 
 @router.post("/turns/{turn_id}/tool-calls/{seq}/approval", response_model=ToolCall, response_class=JSON)
 def approval(turn_id: str, seq: int, body: Approval, request: Request, store: StoreDep,
-             principal: Principal = Allow(*AGENT)) -> JSON:
-    """Approve (the call becomes ``started``) or deny (``denied``; not a turn failure)."""
+             principal: Principal = Allow(*DECIDERS)) -> JSON:
+    """Approve (the call becomes ``started``) or deny (``denied``; not a turn failure). A person's
+    decision: an admin's, or an approver's (the backend relaying a click); never an agent's."""
     _scoped(request, principal, store, turn_id)
     return JSON(store.decide_tool_call(turn_id, seq, body.approved, body.reason, actor=body.actor or principal.actor))
 
@@ -143,7 +144,7 @@ def start_turn(project_id: str, body: StartTurn, store: StoreDep, principal: Pri
 
 @router.get("/projects/{project_id}/turns", response_model=Page[Turn], response_class=JSON)
 def list_turns(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
-               order: Order = "oldest", principal: Principal = Allow(*AGENT)) -> JSON:
+               order: Order = "oldest", principal: Principal = Allow(*TURN_READERS)) -> JSON:
     """The project's turns, without their tool calls (``GET /turns/{turn_id}`` pages those)."""
     project_scope(principal, project_id)
     page = store.page_turns(project_id, cursor, limit, newest_first=order == "newest")
@@ -152,7 +153,7 @@ def list_turns(project_id: str, store: StoreDep, cursor: Cursor = None, limit: L
 
 @router.get("/turns/{turn_id}", response_model=TurnDetail, response_class=JSON)
 def get_turn(turn_id: str, request: Request, store: StoreDep, tool_calls_limit: Limit = None,
-             principal: Principal = Allow(*AGENT)) -> JSON:
+             principal: Principal = Allow(*TURN_READERS)) -> JSON:
     """The turn, with the first page of its tool calls (``tool_calls_next_cursor``
     for the rest, through ``/turns/{turn_id}/tool-calls``)."""
     _scoped(request, principal, store, turn_id)
@@ -163,7 +164,7 @@ def get_turn(turn_id: str, request: Request, store: StoreDep, tool_calls_limit: 
 
 @router.get("/turns/{turn_id}/tool-calls", response_model=Page[ToolCall], response_class=JSON)
 def list_tool_calls(turn_id: str, request: Request, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
-                    principal: Principal = Allow(*AGENT)) -> JSON:
+                    principal: Principal = Allow(*TURN_READERS)) -> JSON:
     _scoped(request, principal, store, turn_id)
     return JSON(store.page_tool_calls(turn_id, cursor, limit))
 

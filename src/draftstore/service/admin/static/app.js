@@ -111,7 +111,7 @@ function showLogin(err) {
     }
   }},
   h("h1", "Log in"),
-  h("p.muted", "Paste an API token (admin, agent or observer; ",
+  h("p.muted", "Paste an API token (admin, agent, observer or approver; ",
     h("code", "draftstore token create --role admin"),
     "). It is kept in this tab's session storage only and sent as a bearer header."),
   h("label", {for: "token"}, "Token"), input,

@@ -37,7 +37,7 @@ export async function diffPage(main, ctx, projectId, params) {
   const a = params.get("a") || (head && head.parent_version_id) || "head";
   const b = params.get("b") || "head";
   document.title = `Diff — ${project.name} — draftstore admin`;
-  const observer = Boolean(ctx.who && ctx.who.role === "observer");
+  const observer = Boolean(ctx.who && (ctx.who.role === "observer" || ctx.who.role === "approver")); // published only
 
   const label = (ref) => {
     if (ref === "head") return head ? `head (v${head.number})` : "head";

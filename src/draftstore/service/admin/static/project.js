@@ -1,8 +1,9 @@
 // #/p/<project> — head, draft status, actions (publish, discard, roll back),
 // versions, turns and head moves. Refreshes itself on the project's committed
 // events (version.published, head.moved, draft.discarded). What it offers
-// follows the token's role (ctx.who): the actions are an admin's, and an
-// observer gets no draft or turns sections at all (the API refuses them anyway).
+// follows the token's role (ctx.who): the actions are an admin's, an
+// observer gets no draft or turns sections at all, and an approver (who decides
+// tool calls) the turns but no draft (the API refuses them anyway).
 import {badge, h, messageText, preview, replace, section, short, when, duration} from "./dom.js";
 import {enc, follow, get, newestPages, post} from "./api.js";
 import {actorOf, attempt, busy, confirmAction, errorBox} from "./ui.js";
@@ -27,6 +28,7 @@ export async function projectPage(main, ctx, projectId) {
   const role = ctx.who ? ctx.who.role : "admin"; // unknown: offer everything, the API decides
   const isAdmin = role === "admin";
   const isObserver = role === "observer";
+  const noDraft = isObserver || role === "approver"; // reads published versions only, never a draft
   document.title = `${project.name} — draftstore admin`;
 
   const headCard = h("section.card", {id: "head"});
@@ -44,7 +46,7 @@ export async function projectPage(main, ctx, projectId) {
     actionStatus,
     isObserver
       ? [headCard, h("p.muted", {id: "observer-note"}, "observers see published versions and their diffs")]
-      : h("div.grid2", headCard, draftCard),
+      : noDraft ? headCard : h("div.grid2", headCard, draftCard),
     section("Versions", versionsBox),
     isObserver ? null : section("Turns", turnsBox),
     section("Head moves", movesBox));
@@ -241,7 +243,8 @@ export async function projectPage(main, ctx, projectId) {
         versions = page.items;
         renderHead();
         renderVersions(page);
-        await Promise.all(isObserver ? [renderMoves()] : [renderDraft(), renderTurns(), renderMoves()]);
+        await Promise.all(isObserver ? [renderMoves()]
+          : noDraft ? [renderTurns(), renderMoves()] : [renderDraft(), renderTurns(), renderMoves()]);
       } catch (err) {
         if (err && err.name === "AbortError") return;
         replace(actionStatus, errorBox(err));

@@ -7,7 +7,8 @@ export async function projectsPage(main, ctx) {
   document.title = "Projects — draftstore admin";
   const tbody = h("tbody", {id: "projects-rows"});
   const status = h("div");
-  const observer = Boolean(ctx.who && ctx.who.role === "observer"); // the API shows an observer no draft
+  // the API shows an observer (or an approver) no draft
+  const observer = Boolean(ctx.who && (ctx.who.role === "observer" || ctx.who.role === "approver"));
   const columns = ["name", "id", "head", ...(observer ? [] : ["draft"]), "forked from", "created"];
   const more = h("button.secondary", {id: "projects-more", hidden: true}, "More");
   let cursor = null;

@@ -13,6 +13,10 @@ const STREAM_LABEL = {
 
 export async function turnPage(main, ctx, turnId) {
   const base = `/v1/turns/${enc(turnId)}`;
+  const role = ctx.who ? ctx.who.role : "admin"; // unknown: offer everything, the API decides
+  // deciding a call is a person's act, through an admin or approver token: never the agent's
+  const mayDecide = role === "admin" || role === "approver";
+  const readsDrafts = role === "admin" || role === "agent"; // a turn's boundary states are draft states
   let turn = await get(`${base}?tool_calls_limit=1`, {signal: ctx.signal});
   if (ctx.signal.aborted) return;
   const project = await get(`/v1/projects/${enc(turn.project_id)}`, {signal: ctx.signal}).catch((err) => {
@@ -54,7 +58,7 @@ export async function turnPage(main, ctx, turnId) {
         h("dt", "took"), h("dd", {dataset: turn.ended_at ? {} : {start: turn.started_at}}, duration(turn.started_at, turn.ended_at)),
         h("dt", "base"), h("dd", turn.base_version_id ? h("code", {title: turn.base_version_id}, short(turn.base_version_id)) : "—"),
         turn.continues_turn_id ? [h("dt", "continues"), h("dd", h("a", {href: `#/t/${enc(turn.continues_turn_id)}`}, short(turn.continues_turn_id)))] : null),
-      h("div.toolbar", turn.end_root
+      h("div.toolbar", turn.end_root && readsDrafts
         ? h("a.button.secondary", {href: `#/p/${enc(turn.project_id)}/diff?a=${enc(`turn:${turn.id}:start`)}&b=${enc(`turn:${turn.id}:end`)}`, id: "turn-diff"}, "What this turn changed")
         : null));
     replace(userItem, h("div.who", "user"), h("pre.message", messageText(turn.user_message)));
@@ -79,6 +83,10 @@ export async function turnPage(main, ctx, turnId) {
   function approvalOf(call) {
     const a = call.approval;
     if (call.status === "awaiting_approval") {
+      if (!mayDecide) {
+        return h("div.approval.waiting", "awaiting approval ",
+          h("span.muted", {class: "decided-by-a-person"}, "(an admin or an approver decides)"));
+      }
       return h("div.approval.waiting", "awaiting approval ",
         h("button.small", {class: "approve", onclick: (ev) => decide(ev, call, true)}, "Approve"), " ",
         h("button.small.danger", {class: "deny", onclick: (ev) => decide(ev, call, false)}, "Deny"));
