@@ -64,6 +64,9 @@ class ToolCallStatus(StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     DENIED = "denied"  # the approval was refused: final, and not a failure of the turn
+    # set when the turn ended (any end: interrupt, cancel, failure, reap, discard) with the call unfinished
+    INTERRUPTED = "interrupted"  # was ``started``: its worker never reported how it went
+    EXPIRED = "expired"  # was ``awaiting_approval``: no decision came before the turn ended
 
 
 class TurnEndReason(StrEnum):

@@ -65,13 +65,22 @@ def _from_compact(turn_id: str, c: dict[str, Any]) -> ToolCall:
     )
 
 
-def _compact(r: Any) -> str:
+# a call its turn's end finds unfinished -> what it becomes: no worker can finish it any more
+# (recording needs a running turn), so a status that still said "in progress" would be a lie
+_UNFINISHED = {ToolCallStatus.STARTED.value: ToolCallStatus.INTERRUPTED.value,
+               ToolCallStatus.AWAITING_APPROVAL.value: ToolCallStatus.EXPIRED.value}
+
+
+def _compact(r: Any, ended_at: datetime) -> str:
     """One call as compacted JSON text. Stored payload texts are embedded as
     they are (already checked JSON); an absent ``args``/``result`` key means
-    offloaded (or, for ``result``, not finished)."""
+    offloaded (or, for ``result``, not finished). A call still unfinished is
+    written ``interrupted`` or ``expired``, finished at ``ended_at`` (the turn's end)."""
     dump = json.dumps
+    status = _UNFINISHED.get(r.status, r.status)
+    finished = r.ended_at if status == r.status else ended_at
     parts = ['{"seq":', str(r.seq), ',"tool_name":', dump(r.tool_name, ensure_ascii=False), ',"status":',
-             dump(r.status)]
+             dump(status)]
     if r.args_json is not None:
         parts += [',"args":', r.args_json]
     parts += [',"args_digest":', dump(r.args_digest), ',"args_preview":', dump(r.args_preview, ensure_ascii=False)]
@@ -80,7 +89,7 @@ def _compact(r: Any) -> str:
     parts += [',"result_digest":', dump(r.result_digest), ',"result_preview":',
               dump(r.result_preview, ensure_ascii=False), ',"error":', r.error_json or "null",
               ',"approval":', r.approval_json or "null",
-              ',"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(r.ended_at)), "}"]
+              ,"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(finished)), "}"]
     return "".join(parts)
 
 
@@ -222,13 +231,16 @@ class ToolCalls:
         return json.loads(self.b.blobs.get(Digest(digest)).decode("utf-8"))
 
     # -- compaction and reading -------------------------------------------------------------
-    def compact(self, conn: Connection, turn_id: str) -> check.JSONText:
-        """Within the transaction that ends the turn: the history as one JSON
-        array (to store in ``tool_calls_json``); the rows are deleted."""
+    def compact(self, conn: Connection, turn_id: str, ended_at: datetime) -> check.JSONText:
+        """Within the transaction that ends the turn (at ``ended_at``): the history
+        as one JSON array (to store in ``tool_calls_json``); the rows are deleted.
+        Calls left ``started`` become ``interrupted``, calls left ``awaiting_approval``
+        become ``expired``, both finished at ``ended_at`` (every end goes through here:
+        complete, interrupt, cancel, fail, the sweep's reap, a discard)."""
         rows = conn.execute(self._rows, {"turn_id": turn_id}).all()
         if rows:
             conn.execute(TC.delete().where(TC.c.turn_id == turn_id))
-        return check.JSONText("[" + ",".join(_compact(r) for r in rows) + "]")
+        return check.JSONText("[" + ",".join(_compact(r, ended_at) for r in rows) + "]")
 
     def read(self, conn: Connection, turn: Any, after: int = 0,
              limit: int | None = None) -> tuple[tuple[ToolCall, ...], Any]:

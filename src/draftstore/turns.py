@@ -262,7 +262,7 @@ class Turns:
             # The start state's object needs no second PUT: stored when the turn started, and named
             # by this committed row since (so garbage collection keeps it)
             self.b.blobs.put(blob)
-        calls = self.toolcalls.compact(conn, turn_id)
+        calls = self.toolcalls.compact(conn, turn_id, now)
         row = conn.execute(T.update().where(T.c.id == turn_id).values(
             status=status, ended_at=now, end_root=root, end_state_digest=state, tool_calls_json=calls, **values,
         ).returning(*T.c)).one()
@@ -344,7 +344,7 @@ class Turns:
             ("turn.started", {"turn_id": turn.id, "project_id": turn.project_id})]
         for c in turn.tool_calls:
             base = {"turn_id": turn.id, "seq": c.seq}
-            first = "tool.awaiting_approval" if c.approval is not None or c.status == "awaiting_approval" \
+            first = "tool.awaiting_approval" if c.approval is not None or c.status in ("awaiting_approval", "expired") \
                 else "tool.started"
             out.append((first, {**base, "tool_name": c.tool_name}))
             if c.approval is not None:
