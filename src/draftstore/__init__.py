@@ -14,7 +14,8 @@ Public surface::
 from .digest import Digest
 from .errors import *  # noqa: F401,F403  (the exception family is public)
 from .errors import __all__ as _error_names
-from .records import Draft, HeadMove, Project, SandboxSession, Snapshot, ToolCall, Turn, Version
+from .records import (ContinuedTurn, Draft, HeadMove, Project, ResumeContext, SandboxSession, Snapshot, ToolCall,
+                      Turn, Version)
 from .settings import Limits, Settings
 from .store import Store
 from .view import FileStat, View
@@ -29,6 +30,8 @@ __all__ = [
     "Version",
     "Draft",
     "Turn",
+    "ContinuedTurn",
+    "ResumeContext",
     "ToolCall",
     "HeadMove",
     "Snapshot",

@@ -31,6 +31,7 @@ Tree (code in brackets)::
     ├── StateConflict                    the state moved; retry or decide
     │   ├── TurnNotRunning     [turn.not_running]
     │   ├── TurnAlreadyRunning [turn.already_running]
+    │   ├── TurnConflict       [turn.conflict]    not a turn this continue may name
     │   ├── ToolCallNotStarted [toolcall.not_started]
     │   │   ├── ToolCallAlreadyFinished [toolcall.already_finished]
     │   │   └── ToolCallAwaitingApproval [toolcall.awaiting_approval]
@@ -80,6 +81,7 @@ __all__ = [
     "StateConflict",
     "TurnNotRunning",
     "TurnAlreadyRunning",
+    "TurnConflict",
     "ToolCallNotStarted",
     "ToolCallAlreadyFinished",
     "ToolCallAwaitingApproval",
@@ -217,6 +219,12 @@ class TurnNotRunning(StateConflict):
 
 class TurnAlreadyRunning(StateConflict):
     code = "turn.already_running"
+
+
+class TurnConflict(StateConflict):
+    """The turn a continue names (``from_turn_id``) is not an ended turn of the project's draft."""
+
+    code = "turn.conflict"
 
 
 class ToolCallNotStarted(StateConflict):

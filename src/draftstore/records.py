@@ -23,6 +23,11 @@ __all__ = [
     "Turn",
     "ToolCall",
     "HeadMove",
+    "ResumeContext",
+    "ResumeTurn",
+    "ResumeToolCall",
+    "DraftChanges",
+    "ContinuedTurn",
     "TurnStatus",
     "DraftStatus",
     "ToolCallStatus",
@@ -236,6 +241,86 @@ class Turn:
     ended_at: datetime | None
     tool_calls: tuple[ToolCall, ...] = field(default=())
     end_reason: TurnEndReason | None = None
+
+
+@dataclass(frozen=True)
+class ContinuedTurn(Turn):
+    """What ``continue_turn`` answers: the new turn (a ``Turn``) with its resume
+    context inline (the first page), so continuing is one call."""
+
+    context: ResumeContext | None = None
+
+
+@dataclass(frozen=True)
+class ResumeToolCall:
+    """One tool call as a resume context shows it: a ``ToolCall``'s fields plus
+    ``unfinished`` (True when the turn ended before the call did: status
+    ``interrupted`` or ``expired``). Offloaded args/results come as digest and
+    preview; ``Store.read_payload(digest)`` reads the whole value."""
+
+    seq: int
+    tool_name: str
+    status: ToolCallStatus
+    unfinished: bool
+    args: Any
+    args_digest: str | None
+    args_preview: str | None
+    result: Any
+    result_digest: str | None
+    result_preview: str | None
+    error: Any
+    approval: Any
+    started_at: datetime
+    ended_at: datetime | None
+
+
+@dataclass(frozen=True)
+class ResumeTurn:
+    """One earlier turn of the draft, as a backend rebuilds the model's context
+    from it: messages (or the partial response of a turn cut short), how and
+    why it ended, and its tool history in ``seq`` order."""
+
+    id: str
+    number: int
+    continues_turn_id: str | None
+    status: TurnStatus
+    end_reason: str | None  # ``end_reason_of``: None while the turn runs
+    user_message: Any
+    assistant_message: Any
+    partial_response: Any
+    error: Any
+    started_at: datetime
+    ended_at: datetime | None
+    tool_calls: tuple[ResumeToolCall, ...]
+
+
+@dataclass(frozen=True)
+class DraftChanges:
+    """What the draft changed since its base version: paths only (no contents;
+    ``Store.diff`` has those), and whether characters or world settings differ."""
+
+    added: tuple[str, ...]
+    modified: tuple[str, ...]
+    deleted: tuple[str, ...]
+    characters_changed: bool
+    world_settings_changed: bool
+
+
+@dataclass(frozen=True)
+class ResumeContext:
+    """Everything a backend needs to rebuild the model's context for turn
+    ``turn_id``: the draft's earlier turns since its base (oldest first, reverted
+    ones left out) and what the draft changed. Bounded: ``truncated`` says more
+    turns follow, fetched with ``cursor``."""
+
+    turn_id: str
+    project_id: str
+    draft_id: str
+    base_version_id: str | None
+    turns: tuple[ResumeTurn, ...]
+    changes: DraftChanges
+    truncated: bool
+    cursor: str | None
 
 
 @dataclass(frozen=True)

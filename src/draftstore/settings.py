@@ -127,6 +127,14 @@ class Settings(BaseSettings):
         description="on PostgreSQL, tool-call records that arrive while others are committing share one "
                     "transaction and one commit (a record alone runs at once)"
     )
+    resume_max_turns: int = Field(
+        20, ge=1, le=1000,
+        description="turns in one page of a resume context (the cursor fetches the next)"
+    )
+    resume_max_bytes: int = Field(
+        1024 * 1024, ge=1024,
+        description="one page of a resume context ends once its turns reach this size as JSON (one turn at least)"
+    )
     limits: Limits = Field(default_factory=Limits)
 
     @field_validator("retain_turns_days", "retain_discarded_days", mode="before")

@@ -45,8 +45,8 @@ from .projects import Projects
 from .publishing import Publishing
 from .sandboxes import Sandboxes
 from .deltas import Deltas
-from .records import (Draft, HeadMove, Page, Project, SandboxSession, SandboxStatus, Snapshot, ToolCall, Turn,
-                      TurnEndReason, Version)
+from .records import (ContinuedTurn, Draft, HeadMove, Page, Project, ResumeContext, SandboxSession, SandboxStatus,
+                      Snapshot, ToolCall, Turn, TurnEndReason, Version)
 from .fsck import FsckReport
 from .gc import GCStats, Retention
 from .maintenance import Maintenance
@@ -59,6 +59,7 @@ from .states import States
 from .tokens import Tokens
 from .toolcalls import ToolCalls
 from .turns import Turns
+from .resume import Resume
 from .view import View
 
 __all__ = ["Store"]
@@ -100,6 +101,7 @@ class Store:
         self._states = States(b, self._projects, self._packing)
         self._snapshots = Snapshots(b, self._packing, self._states.state_of)
         self._sandboxes = Sandboxes(b, self._states.state_of)
+        self._resume = Resume(b, self._states, self._toolcalls)
         self._maintenance = Maintenance(b)
         self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns, self._snapshots)
 
@@ -235,14 +237,35 @@ class Store:
         """
         return self._turns.begin(project_id, user_message, actor, require_draft=False)
 
-    def continue_turn(self, project_id: str, user_message: Any, *, actor: str | None = None) -> Turn:
-        """A new turn on the same draft; earlier turns stay readable.
+    def continue_turn(self, project_id: str, user_message: Any, *, actor: str | None = None,
+                      from_turn_id: str | None = None) -> ContinuedTurn:
+        """A new turn on the same draft, answered with its resume context inline.
 
         Continuing never resumes an old process: whatever the previous turn
         left in the draft (sealed when it ended) is where the new one starts.
-        Raises ``draft.none`` if the project has no draft to continue.
+        The answer is the new ``Turn`` plus ``context``: the first page of
+        ``resume_context`` for it (the draft's earlier turns, unfinished tool
+        calls flagged, and what the draft changed), so one call is enough.
+        ``from_turn_id`` names the turn continued (default: the draft's last);
+        it must be an ended turn of the draft, else ``turn.conflict`` (nothing
+        changes). Raises ``draft.none`` if the project has no draft to continue.
         """
-        return self._turns.begin(project_id, user_message, actor, require_draft=True)
+        return self._resume.continued(
+            self._turns.begin(project_id, user_message, actor, require_draft=True, from_turn_id=from_turn_id))
+
+    def resume_context(self, turn_id: str, *, max_turns: int | None = None, max_bytes: int | None = None,
+                       cursor: str | None = None) -> ResumeContext:
+        """Everything a backend needs to rebuild the model's context for ``turn_id``:
+        the earlier turns of its draft since the base version, oldest first
+        (messages or partial response, end status and reason, tool calls with
+        args and results or digests and previews, unfinished calls flagged;
+        reverted turns left out), and the paths the draft added, modified and
+        deleted. At most ``max_turns`` turns (``DRAFTSTORE_RESUME_MAX_TURNS``)
+        and about ``max_bytes`` (``DRAFTSTORE_RESUME_MAX_BYTES``; one turn at
+        least) a page: ``truncated`` and ``cursor`` fetch the rest. Reads only.
+        Raises ``turn.not_found``, ``input.invalid`` (a bound, a cursor).
+        """
+        return self._resume.context(turn_id, max_turns, max_bytes, cursor)
 
     def heartbeat(self, turn_id: str) -> None:
         """Mark a running turn's worker alive; the recovery sweep reaps turns whose beat lapsed.

@@ -89,7 +89,7 @@ def _compact(r: Any, ended_at: datetime) -> str:
     parts += [',"result_digest":', dump(r.result_digest), ',"result_preview":',
               dump(r.result_preview, ensure_ascii=False), ',"error":', r.error_json or "null",
               ',"approval":', r.approval_json or "null",
-              ,"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(finished)), "}"]
+              ',"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(finished)), "}"]
     return "".join(parts)
 
 

@@ -93,13 +93,22 @@ class Turns:
         self.toolcalls = toolcalls
 
     # -- begin -------------------------------------------------------------------------------
-    def begin(self, project_id: str, user_message: Any, actor: str | None, require_draft: bool) -> Turn:
+    def begin(self, project_id: str, user_message: Any, actor: str | None, require_draft: bool,
+              from_turn_id: str | None = None) -> Turn:
+        """Start a turn (``require_draft``: continue the open draft). ``from_turn_id``
+        names the turn continued (default: the draft's last turn); it must be an
+        ended turn of the draft, else ``turn.conflict`` (checked under the lock)."""
         check.project_id(project_id)
+        if from_turn_id is not None:
+            check.turn_id(from_turn_id)
         message = check.message("user_message", user_message, self.b.limits)
         actor = check.actor(actor)
         with self.b.tx(read_only=True) as conn:
             project = self.projects.load(conn, project_id)
             running, start = self._running_and_start_state(conn, project)
+        if running is not None and running == from_turn_id:
+            raise E.TurnConflict(f"turn {running} is still running; only an ended turn can be continued",
+                                 turn_id=running, status=_RUNNING)
         if running is not None:  # refuse before doing any work (re-checked under the lock below)
             raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running", turn_id=running)
         if project.active_draft_id is None and require_draft:
@@ -123,6 +132,8 @@ class Turns:
                     draft = self.drafts.derive(conn, project, now)
                 if draft.status == DraftStatus.PUBLISHING:
                     raise E.DraftBusy(f"draft {draft.id} is being published", draft_id=draft.id)
+                if from_turn_id is not None:  # before the running check: naming the running turn is this error
+                    self._check_continued(conn, from_turn_id, draft.id)
                 running = self._running(conn, project_id)
                 if running is not None:
                     raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running",
@@ -135,7 +146,7 @@ class Turns:
                     self.b.blobs.put(blob)
                 conn.execute(T.insert().values(
                     id=tid, project_id=project_id, draft_id=draft.id, number=number,
-                    continues_turn_id=draft.last_turn_id, base_version_id=draft.base_version_id, actor=actor,
+                    continues_turn_id=from_turn_id or draft.last_turn_id, base_version_id=draft.base_version_id, actor=actor,
                     status=_RUNNING, user_message_json=message, start_root=draft.code_manifest_key,
                     start_state_digest=state, started_at=now,
                 ))
@@ -150,6 +161,17 @@ class Turns:
         self.b.events.emit_now(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
         self.b.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
         return turn_record(row)
+
+    @staticmethod
+    def _check_continued(conn: Connection, turn_id: str, draft_id: str) -> None:
+        """The turn a continue names must be an ended turn of the draft it continues."""
+        row = conn.execute(sa.select(T.c.draft_id, T.c.status).where(T.c.id == turn_id)).first()
+        if row is None or row.draft_id != draft_id:
+            raise E.TurnConflict(f"turn {turn_id} is not a turn of the project's draft {draft_id}",
+                                 turn_id=turn_id, draft_id=draft_id)
+        if row.status == _RUNNING:
+            raise E.TurnConflict(f"turn {turn_id} is still running; only an ended turn can be continued",
+                                 turn_id=turn_id, status=row.status)
 
     @staticmethod
     def _running_and_start_state(conn: Connection, project: Any) -> tuple[str | None, bytes]:
