@@ -2,7 +2,7 @@
 ``/openapi.json`` (``draftstore_client``, built by ``tests/test_openapi_client.py``).
 
 The test type-checks this file with ``mypy --strict`` before running it: every
-answer is the documented model (``Project``, ``Turn``, ``ToolCall``,
+answer is the documented model (``Project``, ``Turn`` or ``ContinuedTurn``, ``ToolCall``,
 ``Version``, ``Error``), not a ``str`` or an untyped dict, so a document that
 described an answer wrongly fails here, either statically or when the
 generated code parses what the service sent.
@@ -20,8 +20,8 @@ from draftstore_client.api.projects import (projects_create, projects_get, proje
 from draftstore_client.api.turns import (files_write, tool_calls_complete, tool_calls_start, turns_complete,
                                          turns_start)
 from draftstore_client.api.view import view_read_file
-from draftstore_client.models import (Complete, CreateProject, Error, Project, ProjectDetail, Publish, Rollback,
-                                      StartTurn, ToolCall, ToolCallStatus, ToolComplete, ToolStart, Turn,
+from draftstore_client.models import (Complete, ContinuedTurn, CreateProject, Error, Project, ProjectDetail, Publish,
+                                      Rollback, StartTurn, ToolCall, ToolCallStatus, ToolComplete, ToolStart,
                                       TurnStatus, Version, VersionPage)
 from draftstore_client.types import File, Response
 
@@ -44,7 +44,8 @@ def done(response: Response[T]) -> None:
 def one_turn(client: AuthenticatedClient, project: Project, path: str, content: bytes, summary: str) -> Version:
     """One turn that records a tool call, writes ``path``, completes and is published."""
     turn = ok(turns_start.sync(project.id, client=client, body=StartTurn(user_message=f"write {path}")))
-    assert isinstance(turn, Turn) and turn.status == TurnStatus.RUNNING
+    # a start answers the turn in the model a continue shares (a continue adds ``context``)
+    assert isinstance(turn, ContinuedTurn) and turn.status == TurnStatus.RUNNING
     call = ok(tool_calls_start.sync(turn.id, client=client,
                                     body=ToolStart(tool_name="write_file", args={"path": path})))
     assert isinstance(call, ToolCall) and call.status == ToolCallStatus.STARTED

@@ -162,6 +162,7 @@ ROUTES: list[Route] = [
     R("GET", f"{P}/turns", TURN_READERS, 200),
     R("GET", T, TURN_READERS, 200),
     R("GET", f"{T}/tool-calls", TURN_READERS, 200),
+    R("GET", f"{T}/resume-context", AGENT, 200, why="rebuilding a model's context reads unpublished work"),
     R("GET", f"{T}/events", TURN_READERS, 200, headers=EVENTS_PAGE, why="a turn's stream"),
     R("POST", f"{T}/complete", AGENT, 200, json={"assistant_message": "done"}),
     R("POST", f"{T}/interrupt", AGENT, 200, json={"partial_response": {"text": "half"}}),

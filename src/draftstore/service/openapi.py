@@ -39,7 +39,7 @@ __all__ = ["OPERATION_IDS", "install", "finish"]
 OPERATION_IDS = {
     "healthz": "healthz", "readyz": "readyz",
     # turns and what an agent does during one
-    "start_turn": "turns_start", "list_turns": "turns_list", "get_turn": "turns_get",
+    "start_turn": "turns_start", "list_turns": "turns_list", "get_turn": "turns_get", "resume_context": "turns_resume_context",
     "complete": "turns_complete", "interrupt": "turns_interrupt", "fail": "turns_fail", "cancel": "turns_cancel",
     "heartbeat": "turns_heartbeat", "delta": "turns_append_delta",
     "patch_characters": "turns_patch_characters", "patch_world_settings": "turns_patch_world_settings",

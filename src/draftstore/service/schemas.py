@@ -54,6 +54,8 @@ class CreateProject(Body):
 class StartTurn(Body):
     user_message: Any = Field(..., description="any JSON value: a string or a structured chat message")
     continue_: bool = Field(False, alias="continue", description="true: continue on the existing draft")
+    from_turn_id: str | None = Field(None, description="with continue: the ended turn of the draft it continues "
+                                                       "(default: the draft's last turn); else turn.conflict")
     actor: str | None = None
 
 

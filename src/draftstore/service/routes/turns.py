@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from pydantic import JsonValue
 from ..threads import run_sync
 from starlette.responses import Response
 
 from ... import errors as E
-from ...records import Draft, Page, ToolCall, Turn
+from ...records import ContinuedTurn, Draft, Page, ResumeContext, ToolCall, Turn
 from ..auth import AGENT, DECIDERS, TURN_READERS, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON
 from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
@@ -133,13 +133,35 @@ def delta(turn_id: str, body: Delta, request: Request, store: StoreDep,
 
 
 # -- turns ----------------------------------------------------------------------------------
-@router.post("/projects/{project_id}/turns", status_code=201, response_model=Turn, response_class=JSON)
+@router.post("/projects/{project_id}/turns", status_code=201, response_model=ContinuedTurn, response_class=JSON)
 def start_turn(project_id: str, body: StartTurn, store: StoreDep, principal: Principal = Allow(*AGENT)) -> JSON:
     """Start a turn (a draft is derived from head if none is open); ``continue: true``
-    continues on the existing draft (``draft.none`` if there is none)."""
+    continues on the existing draft (``draft.none`` if there is none) and answers the
+    turn with ``context``, the first page of its resume context (a plain start has none).
+    ``from_turn_id`` (with ``continue``) names the ended turn continued, else ``turn.conflict``."""
     project_scope(principal, project_id)
-    begin = store.continue_turn if body.continue_ else store.start_turn
-    return JSON(begin(project_id, body.user_message, actor=body.actor or principal.actor), status_code=201)
+    actor = body.actor or principal.actor
+    if body.continue_:
+        turn = store.continue_turn(project_id, body.user_message, actor=actor, from_turn_id=body.from_turn_id)
+    elif body.from_turn_id is not None:
+        raise E.InvalidInput("from_turn_id names the turn a continue continues: it needs continue: true",
+                             field="from_turn_id")
+    else:
+        turn = store.start_turn(project_id, body.user_message, actor=actor)
+    return JSON(turn, status_code=201)
+
+
+@router.get("/turns/{turn_id}/resume-context", response_model=ResumeContext, response_class=JSON)
+def resume_context(turn_id: str, request: Request, store: StoreDep, cursor: Cursor = None,
+                   max_turns: Annotated[int | None, Query(ge=1)] = None,
+                   max_bytes: Annotated[int | None, Query(ge=1)] = None,
+                   principal: Principal = Allow(*AGENT)) -> JSON:
+    """What a backend needs to rebuild the model's context for the turn: the draft's earlier
+    turns (oldest first; unfinished tool calls flagged), what the draft changed since its
+    base; ``truncated`` and ``cursor`` for the next page. Offloaded args and results come
+    as digest and preview."""
+    _scoped(request, principal, store, turn_id)
+    return JSON(store.resume_context(turn_id, max_turns=max_turns, max_bytes=max_bytes, cursor=cursor))
 
 
 @router.get("/projects/{project_id}/turns", response_model=Page[Turn], response_class=JSON)
