@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from collections.abc import Callable
@@ -131,12 +132,13 @@ def test_an_ended_turn_keeps_its_tool_history_on_its_row(store_factory, ending):
     assert "args" not in column[0] and column[0]["args_digest"] == before[0].args_digest
     assert column[1]["error"] == {"type": "Timeout", "after_s": 30}
     assert "result" not in column[2] and column[2]["result_digest"] == before[2].result_digest
-    assert column[3]["status"] == "started" and column[3]["ended_at"] is None
-
+    # the call still running ended with its turn: interrupted, at the turn's end
     ended = store.get_turn(t.id)
+    assert column[3]["status"] == "interrupted" and column[3]["ended_at"] == ended.ended_at.isoformat()
     assert ended.status == STATUS_AFTER[ending]
-    assert ended.tool_calls == before  # every field: seq, name, status, payloads, digests, previews, times
-    for old, new in zip(before, ended.tool_calls):
+    assert ended.tool_calls[:3] == before[:3]  # every field: seq, name, status, payloads, digests, previews, times
+    assert ended.tool_calls[3] == dataclasses.replace(before[3], status="interrupted", ended_at=ended.ended_at)
+    for old, new in zip(before[:3], ended.tool_calls):
         assert (new.seq, new.tool_name, new.status, new.args, new.result, new.error) == (
             old.seq, old.tool_name, old.status, old.args, old.result, old.error)
         assert (new.args_digest, new.args_preview, new.result_digest, new.result_preview) == (
@@ -145,12 +147,12 @@ def test_an_ended_turn_keeps_its_tool_history_on_its_row(store_factory, ending):
         assert new.started_at.tzinfo is not None
         assert isinstance(new.status, ToolCallStatus)
     if returned is not None:  # the record the ending call returned carries the same history
-        assert returned.tool_calls == before
+        assert returned.tool_calls == ended.tool_calls
     # offloaded payloads stay referenced by digest
     assert store.read_payload(ended.tool_calls[0].args_digest) == payloads["big_args"]
     assert store.read_payload(ended.tool_calls[2].result_digest) == payloads["big_result"]
     # another store instance reads the same history
-    assert store_factory().get_turn(t.id).tool_calls == before
+    assert store_factory().get_turn(t.id).tool_calls == ended.tool_calls
 
 
 def test_a_turn_without_tool_calls_ends_with_an_empty_history(store):
@@ -304,7 +306,7 @@ def test_json_documents_are_queryable_in_sql(store):
     status_of_second = ("tool_calls_json->1->>'status'" if q.pg else "json_extract(tool_calls_json, '$[1].status')")
     name_of_first = ("tool_calls_json->0->>'tool_name'" if q.pg else "json_extract(tool_calls_json, '$[0].tool_name')")
     assert q.row(f"SELECT {name_of_first}, {status_of_second} FROM project_turn WHERE id = :id", id=t1.id) == (
-        "view_file", "started")
+        "view_file", "interrupted")
     # the published draft keeps its partial response as a document too
     assert q.row(f"SELECT {q.typeof('partial_response_json')}, {q.field('partial_response_json', 'tokens')} "
                  "FROM project_draft WHERE id = :id", id=t1.draft_id) == ("object", "7" if q.pg else 7)
