@@ -253,3 +253,24 @@ def test_a_backend_continues_over_http_and_gets_the_context_in_the_same_answer(s
     assert scoped.get(f"/v1/turns/{t2['id']}/resume-context").status_code in (403, 404)
     assert service.client(service.token("observer")).get(
         f"/v1/turns/{t2['id']}/resume-context").status_code == 403
+
+
+# -- where a person reads them -------------------------------------------------------------------
+def test_the_cli_timeline_shows_interrupted_and_expired_calls_as_such(tmp_path: Any) -> None:
+    home = tmp_path / "store"
+    with Store.open(settings=Settings(home=home)) as store:
+        p = new_project(store)
+        t = store.start_turn(p.id, "look around")
+        store.tool_started(t.id, "run_tests", {})
+        store.tool_started(t.id, "delete_file", {"path": "old.py"}, needs_approval=True)
+        store.interrupt_turn(t.id)
+    env = {"DRAFTSTORE_HOME": str(home), "PATH": "/usr/bin:/bin", "COLUMNS": "200",
+           "PYTHONPATH": os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-m", "draftstore.cli", "turn", t.id], capture_output=True, text=True,
+                         env=env, cwd=home, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    tests_line = next(line for line in lines if "run_tests" in line)
+    delete_line = next(line for line in lines if "delete_file" in line)
+    assert "interrupted" in tests_line and "never finished" in tests_line
+    assert "expired" in delete_line and "no decision" in delete_line

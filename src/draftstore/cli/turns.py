@@ -41,11 +41,17 @@ def _payload(value: Any, preview: str | None, offloaded: bool) -> str:
     return clip(json.dumps(value, ensure_ascii=False), 100)
 
 
+# calls the turn's end found unfinished have no result: say why, rather than show "null"
+_UNFINISHED = {"interrupted": "(never finished: the turn ended first)",
+               "expired": "(no decision came before the turn ended)"}
+
+
 def _timeline(t: Turn) -> list[tuple[Any, ...]]:
     rows = []
     for c in t.tool_calls:
         at = f"+{(c.started_at - t.started_at).total_seconds():.2f}s"
         outcome = (f"error: {clip(message_text(c.error), 100)}" if c.error is not None else
+                   _UNFINISHED[c.status] if c.status in _UNFINISHED else
                    _payload(c.result, c.result_preview, c.result_offloaded) if c.ended_at else "")
         rows.append((c.seq, at, took(c.started_at, c.ended_at), _status(c), c.tool_name,
                      _payload(c.args, c.args_preview, c.args_offloaded), outcome))

@@ -97,6 +97,10 @@ export async function turnPage(main, ctx, turnId) {
       a.reason != null ? h("span", " — ", preview(a.reason, 200)) : null);
   }
 
+  // calls their turn's end found unfinished: said in words, so they never read as still running
+  const UNFINISHED = {interrupted: "never finished: the turn ended first",
+                      expired: "no decision came before the turn ended"};
+
   function callRow(call) {
     const open = new Set();
     const old = rows.get(call.seq);
@@ -110,6 +114,7 @@ export async function turnPage(main, ctx, turnId) {
       approvalOf(call),
       payload("args", call.args, call.args_digest, call.args_preview),
       payload("result", call.result, call.result_digest, call.result_preview),
+      UNFINISHED[call.status] ? h("div.muted.unfinished", UNFINISHED[call.status]) : null,
       call.error != null ? h("details.err", {dataset: {part: "error"}, open: true},
         h("summary", h("span.label", "error"), " ", h("span.pv", preview(call.error))), h("pre", jsonText(call.error))) : null);
     row.querySelectorAll("details").forEach((d) => {
