@@ -760,3 +760,25 @@ def test_no_stored_text_goes_through_innerHTML() -> None:
 
 if __name__ == "__main__":  # pragma: no cover
     raise SystemExit(pytest.main([__file__, "-q"]))
+
+
+@EMBEDDED
+def test_calls_a_turn_left_unfinished_show_interrupted_and_expired_not_running(service: Service, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("cut short", files={"a.txt": "one\n"})
+    turn = store.start_turn(project.id, "clean up")
+    store.tool_started(turn.id, "run_tests", {})
+    store.tool_started(turn.id, "run_shell", {"cmd": "rm -rf build"}, needs_approval=True)
+    store.interrupt_turn(turn.id)
+
+    login(page, service, service.admin)
+    page.goto(f"{service.url}/admin#/t/{turn.id}")
+    expect(call_row(page, 1)).to_have_attribute("data-status", "interrupted")
+    expect(call_row(page, 1).locator(".badge")).to_have_text("interrupted")
+    expect(call_row(page, 1).locator(".unfinished")).to_contain_text("never finished")
+    expect(call_row(page, 2)).to_have_attribute("data-status", "expired")
+    expect(call_row(page, 2).locator(".badge")).to_have_text("expired")
+    expect(call_row(page, 2).locator(".unfinished")).to_contain_text("no decision")
+    expect(call_row(page, 2).locator("button.approve")).to_have_count(0)
