@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,10 +43,11 @@ __all__ = ["Resume", "MAX_TURNS_LIMIT"]
 
 MAX_TURNS_LIMIT = 1000  # the most turns one page may be asked for
 _CURSOR = "resume"
+log = logging.getLogger("draftstore")
 _UNFINISHED = (ToolCallStatus.INTERRUPTED, ToolCallStatus.EXPIRED)
 
 
-def _not_reverted(stmt: sa.Select) -> sa.Select:
+def _not_reverted(stmt: sa.Select[Any]) -> sa.Select[Any]:
     """The turns still part of the draft: a turn an admin reverted the draft past
     (``reverted_at`` set) leaves the resume context. Written to hold before and
     after the ``reverted_at`` column exists."""
@@ -118,14 +120,21 @@ class Resume:
         return ResumeContext(
             turn_id=turn.id, project_id=turn.project_id, draft_id=turn.draft_id,
             base_version_id=turn.base_version_id, turns=tuple(turns),
-            changes=self._changes(turn.project_id, turn.draft_id, turn.base_version_id, last),
+            changes=self._changes(turn.project_id, turn.draft_id, turn.base_version_id, last or turn.id),
             truncated=truncated, cursor=paging.encode(_CURSOR, (turns[-1].number,)) if truncated else None)
 
     def continued(self, turn: Turn) -> ContinuedTurn:
         """A turn just begun by a continue, with the first page of its resume context (read after
-        the turn's row committed: the context is of the turns before it, which no one changes)."""
-        return ContinuedTurn(**{f.name: getattr(turn, f.name) for f in dataclasses.fields(turn)},
-                             context=self.context(turn.id))
+        the turn's row committed: the context is of the turns before it, which no one changes).
+        The turn has started whatever happens here: a context that cannot be read now (a backend
+        error) leaves ``context`` None rather than fail a call whose retry would find the turn
+        running; ``Store.resume_context`` reads it later."""
+        try:
+            context: ResumeContext | None = self.context(turn.id)
+        except E.DraftstoreError as exc:
+            log.warning("turn %s started without its resume context: %s", turn.id, exc)
+            context = None
+        return ContinuedTurn(**{f.name: getattr(turn, f.name) for f in dataclasses.fields(turn)}, context=context)
 
     def _changes(self, project_id: str, draft_id: str, base_version_id: str | None, last_turn_id: str) -> DraftChanges:
         """Paths the draft added, modified, deleted since its base (a tree diff: cost grows

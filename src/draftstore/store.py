@@ -249,6 +249,8 @@ class Store:
         ``from_turn_id`` names the turn continued (default: the draft's last);
         it must be an ended turn of the draft, else ``turn.conflict`` (nothing
         changes). Raises ``draft.none`` if the project has no draft to continue.
+        ``context`` is None only if it could not be read once the turn started
+        (a backend error): ``resume_context(turn.id)`` reads it then.
         """
         return self._resume.continued(
             self._turns.begin(project_id, user_message, actor, require_draft=True, from_turn_id=from_turn_id))
