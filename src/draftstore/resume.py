@@ -33,13 +33,25 @@ from .backends import Backends
 from .db.tables import T
 from .diff import diff_views
 from .digest import EMPTY_TREE
-from .records import (ContinuedTurn, DraftChanges, ResumeContext, ResumeToolCall, ResumeTurn, ToolCall,
-                      ToolCallStatus, Turn, TurnStatus, aware, end_reason_of, json_default)
+from .records import (
+    ContinuedTurn,
+    DraftChanges,
+    ResumeContext,
+    ResumeToolCall,
+    ResumeTurn,
+    ToolCall,
+    ToolCallStatus,
+    Turn,
+    TurnStatus,
+    aware,
+    end_reason_of,
+    json_default,
+)
 from .states import States
 from .toolcalls import ToolCalls
 from .view import View
 
-__all__ = ["Resume", "MAX_TURNS_LIMIT"]
+__all__ = ["MAX_TURNS_LIMIT", "Resume"]
 
 MAX_TURNS_LIMIT = 1000  # the most turns one page may be asked for
 _CURSOR = "resume"
