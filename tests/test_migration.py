@@ -519,7 +519,7 @@ def fill_0007(engine: Any, blobs: DirectoryBlobStore) -> dict[str, Any]:
         insert(conn, "sandbox_snapshot", id=T2, project_id=P, source_kind="draft", source_id=DR, root=empty,
                status="ready", external_ref="e2b:snap-7", files=0, size_bytes=0, created_at=at(13),
                finished_at=at(13))
-    return {"big": big}
+    return {"big": big, "calls": calls}
 
 
 def sql_row(engine: Any, sql: str, **params: Any) -> tuple[Any, ...]:
@@ -593,8 +593,66 @@ def upgrade_0007_and_check(url: str, tmp_path: Path) -> None:
         store.close()
 
 
+def downgrade(engine: Any, revision: str) -> None:
+    """``alembic downgrade`` on ``engine`` (SQLite's foreign keys off while tables are rebuilt, as in ``upgrade``)."""
+    from alembic import command
+
+    from draftstore.db.migrate import alembic_config
+
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        with conn.begin():
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+
+
 def test_upgrading_a_0007_sqlite_database_keeps_every_value_under_the_designs_names(tmp_path):
     upgrade_0007_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.real)])
+def test_downgrading_0008_gives_back_the_0007_names_and_entries(request, tmp_path, database):
+    if database == "sqlite":
+        url, drop = f"sqlite:///{tmp_path}/old.db", None
+    else:
+        import psycopg
+
+        from services import _with_database, token
+
+        admin = request.getfixturevalue("real_postgres").admin_url
+        name = f"draftstore_migrate_{token()}"
+        with psycopg.connect(admin, autocommit=True) as conn:
+            conn.execute(f'CREATE DATABASE "{name}"')
+        url = _with_database(admin, name, "postgresql+psycopg")
+
+        def drop() -> None:
+            with psycopg.connect(admin, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    engine = create_db_engine(url)
+    try:
+        upgrade(engine, "0007")
+        blobs = DirectoryBlobStore(tmp_path / "blobs")
+        try:
+            old = fill_0007(engine, blobs)
+        finally:
+            blobs.close()
+        upgrade(engine, "0008")
+        downgrade(engine, "0007")
+        assert current_revision(engine) == "0007"
+        chars, calls = sql_row(engine, "SELECT d.characters_json, t.tool_calls_json FROM project_draft d "
+                                       "JOIN project_turn t ON t.draft_id = d.id WHERE t.id = :id", id=T1)
+        assert as_json(chars) == {"hero": {"hp": 12}} and as_json(calls) == old["calls"]
+        assert sql_row(engine, "SELECT external_ref FROM sandbox_snapshot WHERE id = :id", id=T2) == ("e2b:snap-7",)
+        names = {ix["name"] for ix in sa.inspect(engine).get_indexes("project_draft")}
+        assert "uq_draft_open" in names
+        upgrade(engine)  # and up again
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+        if drop is not None:
+            drop()
 
 
 @pytest.mark.real
