@@ -512,8 +512,10 @@ def test_every_change_to_a_draft_moves_its_updated_at(store):
         assert now > seen[-1], what
         seen.append(now)
 
+    assert store.get_draft(p.id).updated_at is not None  # the API shows it too
     store.write_file(t.id, "a.py", "a\n")
     moved("write")
+    assert store.get_draft(p.id).updated_at > store.get_draft(p.id).created_at
     store.move_file(t.id, "a.py", "b.py")
     moved("move")
     store.delete_file(t.id, "b.py")
