@@ -63,7 +63,8 @@ def _from_row(turn_id: str, r: Any) -> ToolCall:
 # only read the digests), and migration 0008 converted the entries of 0007.
 def _from_compact(turn_id: str, c: dict[str, Any]) -> ToolCall:
     status = ToolCallStatus(c["status"])
-    result, error = c["result"], None
+    result: Any = c["result"]
+    error: Any = None
     if status != ToolCallStatus.COMPLETED and isinstance(result, dict):
         result, error = None, result.get("error")
     finished = c["finished_at"]

@@ -19,7 +19,8 @@ Revises: 0007
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -98,7 +99,8 @@ def _to_0007(c: dict[str, Any]) -> dict[str, Any]:
     if "ended_at" in c and "finished_at" not in c:
         return c
     out = {k: v for k, v in c.items() if k not in ("result", "finished_at")}
-    result, error = c.get("result"), None
+    result: Any = c.get("result")
+    error: Any = None
     if c.get("status") != "completed" and isinstance(result, dict) and "error" in result:
         result, error = None, result["error"]
     if out.get("args") is None and out.get("args_digest") is not None:
