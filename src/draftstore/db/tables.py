@@ -12,6 +12,10 @@ JSON documents (characters, world settings, messages, partial responses, the
 compacted tool history) are JSONB on PostgreSQL, so admins can query them in
 SQL, and JSON (text) on SQLite.
 
+Column names are the design's (``characters_state_json``, ``worldsettings_state_json``,
+``e2b_snapshot_ref``, ...), so SQL written from the design runs as it is; where the
+Python attribute is shorter, the column's ``key`` keeps it (README maps the names).
+
 ``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``SB``, ``H``, ``K`` are the tables, for
 the components that own their SQL.
 """
