@@ -175,6 +175,8 @@ class Draft:
     closed_by: str | None = None
     #: the latest snapshot of the draft's exact tree that became ready (None once the tree moved on)
     snapshot_id: str | None = None
+    #: when the draft last changed: any write, patch, seal, status change, snapshot, publish or discard
+    updated_at: datetime | None = None
 
 
 @dataclass(frozen=True)
