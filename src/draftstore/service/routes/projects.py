@@ -13,8 +13,8 @@ from ...diff import Diff
 from ...records import Draft, HeadMove, Page, Project, Role, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Revert, Rollback,
-                       decode_files
+from ..schemas import (Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Revert, Rollback,
+                       decode_files)
 from .states import observer_ref
 
 router = APIRouter(prefix="/v1", tags=["projects"])
