@@ -54,6 +54,7 @@ class Reverting:
         check.turn_id(to_turn_id)
         actor = check.actor(actor)
         with self.b.statement(read_only=True) as conn:
+            self.projects.load(conn, project_id)  # project.not_found first, as every project operation
             turn = conn.execute(_BOUNDARY.where(T.c.id == to_turn_id)).first()
         if turn is None or turn.project_id != project_id:
             # another project's turn is not found, exactly as an unknown one: ids do not leak across projects
