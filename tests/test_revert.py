@@ -165,6 +165,9 @@ def test_an_admin_reverts_over_http_and_the_turns_show_it(service: Any) -> None:
     assert admin.get(f"/v1/turns/{t1.id}").json()["reverted_at"] is None
     moves = admin.get(f"/v1/projects/{p.id}/head-moves?order=newest&limit=1").json()["items"]
     assert (moves[0]["reason"], moves[0]["turn_id"], moves[0]["actor"]) == ("revert", t2.id, "ops")
+    observer = service.client(token=service.token("observer"))
+    seen = observer.get(f"/v1/projects/{p.id}/head-moves").json()["items"]
+    assert seen and "revert" not in [m["reason"] for m in seen]  # an observer never learns of the draft
     again = admin.post(f"/v1/projects/{p.id}/draft/revert", json={"to_turn_id": t2.id})
     assert again.status_code == 409 and again.json()["code"] == "turn.conflict"
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from ... import errors as E
 from ... import paging
 from ...diff import Diff
-from ...records import Draft, HeadMove, Page, Project, Role, Version
+from ...records import Draft, HeadMove, HeadMoveReason, Page, Project, Role, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
 from ..schemas import (Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Revert, Rollback,
@@ -92,7 +92,10 @@ def get_version(project_id: str, version_id: str, store: StoreDep, principal: Pr
 def list_head_moves(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
                     order: Order = "oldest", principal: Principal = Allow(*ANY)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.page_head_moves(project_id, cursor, limit, newest_first=order == "newest"))
+    page = store.page_head_moves(project_id, cursor, limit, newest_first=order == "newest")
+    if principal.role == Role.OBSERVER:  # a revert is of the draft (and names a draft turn): never shown to one
+        page = Page([m for m in page.items if m.reason != HeadMoveReason.REVERT], page.next_cursor)
+    return JSON(page)
 
 
 @router.get("/projects/{project_id}/diff", response_model=Diff, response_class=JSON)
