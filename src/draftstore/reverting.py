@@ -24,7 +24,6 @@ the blob store before any row is locked.
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import sqlalchemy as sa
 
