@@ -191,7 +191,7 @@ def test_draftstore_revert_takes_id_prefixes_and_the_log_shows_the_revert(
 
     log = _cli(stack, tmp_path, "log", p.id)
     assert log.returncode == 0, log.stderr
-    assert re.search(rf"revert .* carol +{t2.id}", log.stdout), log.stdout
+    assert re.search(rf"revert +draft +start of turn {t2.id} +carol", log.stdout), log.stdout
     assert "completed (reverted)" in log.stdout
     as_json = json.loads(_cli(stack, tmp_path, "log", p.id, "--json").stdout)
     assert as_json["head_moves"][-1]["reason"] == "revert"

@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..paging import MAX_LIMIT
-from ..records import Page
+from ..records import HeadMoveReason, Page
 from .output import clip, echo, emit_json, message_text, table, took, when
 from .root import Ids, actor, json_option, main, open_store
 
@@ -67,9 +67,10 @@ def log_cmd(project: str, last: int | None, as_json: bool) -> None:
           [(f"{v.number}{'*' if v.id == p.current_version_id else ''}", v.id, v.file_count, when(v.created_at),
             clip(v.summary)) for v in versions], title="versions (* = head)")
     echo()
-    table(("at", "reason", "from", "to", "by", "turn"),
-          [(when(m.at), m.reason, m.from_version_id, m.to_version_id, clip(m.actor, 30) or "-", m.turn_id or "-")
-           for m in moves], title="head moves (revert: head stays, the draft went back to the turn's start)")
+    table(("at", "reason", "from", "to", "by"),
+          [(when(m.at), m.reason, *(("draft", f"start of turn {m.turn_id}") if m.reason == HeadMoveReason.REVERT
+                                    else (m.from_version_id, m.to_version_id)), clip(m.actor, 30) or "-")
+           for m in moves], title="head moves (a revert leaves head: the draft went back to the turn's start)")
     echo()
     table(("#", "turn", "status", "started", "took", "user message"),
           [(t.number, t.id, f"{t.status} (reverted)" if t.reverted_at else t.status, when(t.started_at),
