@@ -197,6 +197,13 @@ def test_draftstore_revert_takes_id_prefixes_and_the_log_shows_the_revert(
     assert as_json["head_moves"][-1]["reason"] == "revert"
     assert [t["reverted_by"] for t in as_json["turns"]] == [None, "carol", "carol"]
 
+    t4 = store.continue_turn(p.id, "turn 4")
+    store.write_file(t4.id, "later.md", "later\n")
+    store.complete_turn(t4.id, "ok")
+    draft = json.loads(_cli(stack, tmp_path, "revert", p.id, "--to-turn", t4.id, "--json").stdout)
+    assert (draft["root"], draft["last_turn_id"]) == (store.get_turn(t4.id).start_root, t4.continues_turn_id)
+    assert state_of(store, p.id) == at_turn_2
+
     refused = _cli(stack, tmp_path, "revert", p.id, "--to-turn", t2.id, "--json")
     assert refused.returncode == 2
     assert refused.stderr.strip().count("\n") == 0 and "[turn.conflict]" in refused.stderr
