@@ -31,6 +31,7 @@ Tree (code in brackets)::
     ├── StateConflict                    the state moved; retry or decide
     │   ├── TurnNotRunning     [turn.not_running]
     │   ├── TurnAlreadyRunning [turn.already_running]
+    │   ├── TurnConflict       [turn.conflict]   not a boundary of the current draft
     │   ├── ToolCallNotStarted [toolcall.not_started]
     │   │   ├── ToolCallAlreadyFinished [toolcall.already_finished]
     │   │   └── ToolCallAwaitingApproval [toolcall.awaiting_approval]
@@ -80,6 +81,7 @@ __all__ = [
     "StateConflict",
     "TurnNotRunning",
     "TurnAlreadyRunning",
+    "TurnConflict",
     "ToolCallNotStarted",
     "ToolCallAlreadyFinished",
     "ToolCallAwaitingApproval",
@@ -217,6 +219,13 @@ class TurnNotRunning(StateConflict):
 
 class TurnAlreadyRunning(StateConflict):
     code = "turn.already_running"
+
+
+class TurnConflict(StateConflict):
+    """The turn is not a boundary of the project's current draft: it ran on an earlier
+    draft (published or discarded), or it was reverted already."""
+
+    code = "turn.conflict"
 
 
 class ToolCallNotStarted(StateConflict):

@@ -114,6 +114,8 @@ class HeadMoveReason(StrEnum):
     CREATE = "create"
     PUBLISH = "publish"
     ROLLBACK = "rollback"
+    # not a move: head stays; the draft went back to a turn's start (``turn_id``), by ``actor``
+    REVERT = "revert"
 
 
 class DraftClosedReason(StrEnum):
@@ -215,7 +217,9 @@ class Turn:
     """One QA turn. Messages and ``error`` are JSON values (a string, or a
     structured chat message). ``start_root``/``end_root`` are the code tree at
     the turn's boundaries (``end_root`` is set in the transaction that ends it).
-    ``tool_calls`` is the ordered history (empty in ``list_turns``)."""
+    ``tool_calls`` is the ordered history (empty in ``list_turns``).
+    ``reverted_at``/``reverted_by``: when and by whom the draft was reverted to
+    this turn's start or an earlier one (None: its changes still stand)."""
 
     id: str
     project_id: str
@@ -235,6 +239,8 @@ class Turn:
     ended_at: datetime | None
     tool_calls: tuple[ToolCall, ...] = field(default=())
     end_reason: TurnEndReason | None = None
+    reverted_at: datetime | None = None
+    reverted_by: str | None = None
 
 
 @dataclass(frozen=True)

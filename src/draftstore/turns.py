@@ -73,6 +73,7 @@ def turn_record(r: Any, calls: tuple[Any, ...] = ()) -> Turn:
         error=r.error_json, partial_response=r.partial_response_json, start_root=r.start_root,
         end_root=r.end_root, started_at=aware(r.started_at), ended_at=aware(r.ended_at),  # type: ignore[arg-type]
         tool_calls=calls, end_reason=None if r.end_reason is None else TurnEndReason(r.end_reason),
+        reverted_at=aware(r.reverted_at), reverted_by=r.reverted_by,
     )
 
 

@@ -203,6 +203,10 @@ class TurnRow(SQLModel, table=True):
     end_state_digest: str | None = Field(default=None, max_length=DIGEST)
     started_at: datetime = Field(sa_column=_ts())
     ended_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    # set when an admin reverted the draft to this turn's start or an earlier one: the row
+    # stays for the record, its changes no longer stand (and it leaves the resume context)
+    reverted_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    reverted_by: str | None = Field(default=None, max_length=NAME)
 
 
 class ToolCallRow(SQLModel, table=True):
@@ -317,7 +321,7 @@ class HeadMoveRow(SQLModel, table=True):
     project_id: str = Field(foreign_key="project.id", index=True, max_length=ID)
     from_version_id: str | None = Field(default=None, max_length=ID)
     to_version_id: str | None = Field(default=None, max_length=ID)
-    # create | publish | rollback
+    # create | publish | rollback | revert (head stays: the draft went back to turn_id's start)
     reason: str = Field(max_length=16)
     actor: str | None = Field(default=None, max_length=NAME)
     turn_id: str | None = Field(default=None, max_length=ID)
