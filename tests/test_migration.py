@@ -589,54 +589,6 @@ def upgrade_0007_and_check(url: str, tmp_path: Path) -> None:
         store.write_file(t2.id, "castle.py", "CASTLE = True\n")
         store.complete_turn(t2.id, "ok")
         assert store.publish(P, "castle").characters == {"hero": {"hp": 12}}
-
-# -- 0007 -> 0009: turns that can be reverted ----------------------------------------------------------
-def fill_0007(engine: Any, start_state: str) -> None:
-    """A draft of two completed turns as the 0007 release left them (no revert columns yet)."""
-    from draftstore.db.tables import P as PROJECT, V as VERSION
-
-    empty = str(EMPTY_TREE)
-    with engine.begin() as conn:
-        conn.execute(PROJECT.insert().values(id=P, name="before reverts", current_version_id=V1,
-                                             active_draft_id=DR, created_at=at(0)))
-        conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
-                                             characters_json={"hero": 1}, world_settings_json={}, summary="v1",
-                                             created_at=at(0)))
-        conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
-                                       code_manifest_key=empty, file_count=0, characters_json={"hero": 3},
-                                       world_settings_json={}, revision=4, last_turn_id=T2,
-                                       status_changed_at=at(3), created_at=at(1)))
-        for n, (tid, before) in enumerate([(T1, None), (T2, T1)], start=1):
-            conn.execute(T.insert().values(
-                id=tid, project_id=P, draft_id=DR, number=n, continues_turn_id=before, base_version_id=V1,
-                status="completed", user_message_json=f"turn {n}", assistant_message_json="ok", start_root=empty,
-                end_root=empty, start_state_digest=start_state, end_state_digest=start_state, started_at=at(n),
-                ended_at=at(n + 0.5)))
-
-
-def upgrade_0007_and_check(url: str, tmp_path: Path) -> None:
-    from draftstore.digest import digest_of
-    from draftstore.turns import state_blob
-
-    start = state_blob({"hero": 1}, {})
-    engine = create_db_engine(url)
-    try:
-        upgrade(engine, "0007")
-        fill_0007(engine, str(digest_of(start)))
-        upgrade(engine)
-        assert current_revision(engine) == head_revision()
-    finally:
-        engine.dispose()
-    store = by_open(url, tmp_path)
-    try:
-        store.blobs.put(start)  # the start state object the 0007 release stored with the turn
-        turns = store.list_turns(P)
-        assert [(t.id, t.status, t.reverted_at, t.reverted_by) for t in turns] == [
-            (T1, "completed", None, None), (T2, "completed", None, None)]
-        draft = store.revert_draft(P, T2, actor="alice")
-        assert (draft.revision, draft.last_turn_id) == (5, T1)
-        assert store.view(P).characters == {"hero": 1}
-        assert [t.reverted_by for t in store.list_turns(P)] == [None, "alice"]
     finally:
         store.close()
 
@@ -705,14 +657,6 @@ def test_downgrading_0008_gives_back_the_0007_names_and_entries(request, tmp_pat
 
 @pytest.mark.real
 def test_upgrading_a_0007_postgres_database_keeps_every_value_under_the_designs_names(real_postgres, tmp_path):
-
-def test_upgrading_a_0007_sqlite_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(tmp_path):
-    upgrade_0007_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
-
-
-@pytest.mark.real
-def test_upgrading_a_0007_postgres_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(
-        real_postgres, tmp_path):
     import psycopg
 
     from services import _with_database, token
@@ -722,6 +666,78 @@ def test_upgrading_a_0007_postgres_database_keeps_its_turns_standing_and_lets_a_
         conn.execute(f'CREATE DATABASE "{name}"')
     try:
         upgrade_0007_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
+    finally:
+        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+# -- 0008 -> 0009: turns that can be reverted ----------------------------------------------------------
+def fill_0008(engine: Any, start_state: str) -> None:
+    """A draft of two completed turns as the 0008 release left them (no revert columns yet)."""
+    from draftstore.db.tables import P as PROJECT, V as VERSION
+
+    empty = str(EMPTY_TREE)
+    with engine.begin() as conn:
+        conn.execute(PROJECT.insert().values(id=P, name="before reverts", current_version_id=V1,
+                                             active_draft_id=DR, created_at=at(0)))
+        conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
+                                             characters_json={"hero": 1}, world_settings_json={}, summary="v1",
+                                             created_at=at(0)))
+        conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
+                                       code_manifest_key=empty, file_count=0, characters_json={"hero": 3},
+                                       world_settings_json={}, revision=4, last_turn_id=T2,
+                                       status_changed_at=at(3), created_at=at(1)))
+        for n, (tid, before) in enumerate([(T1, None), (T2, T1)], start=1):
+            conn.execute(T.insert().values(
+                id=tid, project_id=P, draft_id=DR, number=n, continues_turn_id=before, base_version_id=V1,
+                status="completed", user_message_json=f"turn {n}", assistant_message_json="ok", start_root=empty,
+                end_root=empty, start_state_digest=start_state, end_state_digest=start_state, started_at=at(n),
+                ended_at=at(n + 0.5)))
+
+
+def upgrade_0008_and_check(url: str, tmp_path: Path) -> None:
+    from draftstore.digest import digest_of
+    from draftstore.turns import state_blob
+
+    start = state_blob({"hero": 1}, {})
+    engine = create_db_engine(url)
+    try:
+        upgrade(engine, "0008")
+        fill_0008(engine, str(digest_of(start)))
+        upgrade(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+    store = by_open(url, tmp_path)
+    try:
+        store.blobs.put(start)  # the start state object the 0008 release stored with the turn
+        turns = store.list_turns(P)
+        assert [(t.id, t.status, t.reverted_at, t.reverted_by) for t in turns] == [
+            (T1, "completed", None, None), (T2, "completed", None, None)]
+        draft = store.revert_draft(P, T2, actor="alice")
+        assert (draft.revision, draft.last_turn_id) == (5, T1)
+        assert store.view(P).characters == {"hero": 1}
+        assert [t.reverted_by for t in store.list_turns(P)] == [None, "alice"]
+    finally:
+        store.close()
+
+
+def test_upgrading_a_0008_sqlite_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(tmp_path):
+    upgrade_0008_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+
+
+@pytest.mark.real
+def test_upgrading_a_0008_postgres_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(
+        real_postgres, tmp_path):
+    import psycopg
+
+    from services import _with_database, token
+
+    name = f"draftstore_migrate_{token()}"
+    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        upgrade_0008_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
     finally:
         with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')

@@ -81,6 +81,16 @@ def test_reverting_to_turn_2_restores_its_start_state_and_marks_turns_2_and_3_re
     assert move.at == turns[t2.id].reverted_at
 
 
+def test_the_projects_rebuilt_history_carries_the_revert_as_its_stream_did(store: Store) -> None:
+    p, (t1, t2, t3), _ = three_turns(store)
+    store.revert_draft(p.id, t2.id, actor="alice@example")
+
+    live = [(e.type, e.data) for e in store.events(f"project:{p.id}") if e.type == "draft.reverted"]
+    rebuilt = [e for e in store.durable_project_events(p.id) if e[0] == "draft.reverted"]
+    assert live == rebuilt == [("draft.reverted", {"draft_id": store.get_draft(p.id).id, "to_turn_id": t2.id,
+                                                   "reverted": [t2.id, t3.id]})]
+
+
 def test_after_a_revert_a_new_turn_continues_from_turn_1_and_publishes(store: Store) -> None:
     p, (t1, t2, _), at_turn_2 = three_turns(store)
     store.revert_draft(p.id, t2.id, actor="alice")
