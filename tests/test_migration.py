@@ -9,6 +9,8 @@ SQLite (a temp file) and on PostgreSQL (a scratch database of its own).
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
@@ -28,6 +30,24 @@ from draftstore.digest import EMPTY_TREE
 from draftstore.trees import FileEntry, TreeReader
 
 T0 = datetime(2026, 11, 1, 9, 0, 0, 123456, tzinfo=timezone.utc)
+
+
+@contextmanager
+def empty_postgres(real_postgres: Any) -> Iterator[str]:
+    """A new, empty PostgreSQL database's URL for one test (the session's own database is
+    migrated already); dropped afterwards."""
+    import psycopg
+
+    from services import _with_database, token
+
+    name = f"draftstore_migrate_{token()}"
+    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(real_postgres.admin_url, name, "postgresql+psycopg")
+    finally:
+        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def at(minutes: float) -> datetime:
@@ -294,15 +314,7 @@ def test_upgrading_a_0001_sqlite_database_keeps_its_data(tmp_path, how):
 @pytest.mark.real
 @pytest.mark.parametrize("how", [by_upgrade, by_open], ids=lambda f: f.__name__)
 def test_upgrading_a_0001_postgres_database_keeps_its_data(real_postgres, tmp_path, how):
-    import psycopg
-
-    from services import _with_database, token
-
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = _with_database(real_postgres.admin_url, name, "postgresql+psycopg")
+    with empty_postgres(real_postgres) as url:
         migrate_and_check(url, tmp_path, how)
         engine = sa.create_engine(url)
         try:
@@ -323,9 +335,6 @@ def test_upgrading_a_0001_postgres_database_keeps_its_data(real_postgres, tmp_pa
         assert {k: v for k, v in types.items() if k.startswith("tool_call.")} == {
             "tool_call.args_json": "text", "tool_call.result_json": "text", "tool_call.error_json": "text",
             "tool_call.approval_json": "text"}
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- old values the new column types are stricter about -------------------------------------------------
@@ -396,25 +405,14 @@ def test_upgrading_a_0001_sqlite_database_keeps_documents_that_hold_a_nul(tmp_pa
 @pytest.mark.real
 @pytest.mark.parametrize("case", ["documents", "tool_payload"])
 def test_upgrading_a_0001_postgres_database_whose_json_holds_a_nul_completes(real_postgres, tmp_path, case):
-    import psycopg
-
-    from services import _with_database, token
-
     fill, check = {"documents": (fill_0001_with_nul_documents, check_nul_documents),
                    "tool_payload": (fill_0001_with_a_nul_tool_payload, check_nul_tool_payload)}[case]
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = _with_database(real_postgres.admin_url, name, "postgresql+psycopg")
+    with empty_postgres(real_postgres) as url:
         store = upgraded_store(url, tmp_path, fill)
         try:
             check(store)
         finally:
             store.close()
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- 0006 -> 0007: sandbox sessions ------------------------------------------------------------------------
@@ -464,18 +462,8 @@ def test_upgrading_a_0006_sqlite_database_keeps_its_data_and_adds_sandbox_sessio
 
 @pytest.mark.real
 def test_upgrading_a_0006_postgres_database_keeps_its_data_and_adds_sandbox_sessions(real_postgres, tmp_path):
-    import psycopg
-
-    from services import _with_database, token
-
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        upgrade_0006_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_postgres(real_postgres) as url:
+        upgrade_0006_and_check(url, tmp_path)
 
 
 # -- 0007 -> 0008: the design's names ----------------------------------------------------------------------
@@ -536,15 +524,20 @@ def as_time(value: Any) -> datetime:
     return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
 
 
+def filled_0007(engine: Any, tmp_path: Path) -> dict[str, Any]:
+    """``engine``'s database migrated to 0007 and filled as that release left it."""
+    upgrade(engine, "0007")
+    blobs = DirectoryBlobStore(tmp_path / "blobs")
+    try:
+        return fill_0007(engine, blobs)
+    finally:
+        blobs.close()
+
+
 def upgrade_0007_and_check(url: str, tmp_path: Path) -> None:
     engine = create_db_engine(url)
     try:
-        upgrade(engine, "0007")
-        blobs = DirectoryBlobStore(tmp_path / "blobs")
-        try:
-            old = fill_0007(engine, blobs)
-        finally:
-            blobs.close()
+        old = filled_0007(engine, tmp_path)
         upgrade(engine)
         assert current_revision(engine) == head_revision()
 
@@ -615,29 +608,16 @@ def test_upgrading_a_0007_sqlite_database_keeps_every_value_under_the_designs_na
 @pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.real)])
 def test_downgrading_0008_gives_back_the_0007_names_and_entries(request, tmp_path, database):
     if database == "sqlite":
-        url, drop = f"sqlite:///{tmp_path}/old.db", None
+        downgrade_0008_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
     else:
-        import psycopg
+        with empty_postgres(request.getfixturevalue("real_postgres")) as url:
+            downgrade_0008_and_check(url, tmp_path)
 
-        from services import _with_database, token
 
-        admin = request.getfixturevalue("real_postgres").admin_url
-        name = f"draftstore_migrate_{token()}"
-        with psycopg.connect(admin, autocommit=True) as conn:
-            conn.execute(f'CREATE DATABASE "{name}"')
-        url = _with_database(admin, name, "postgresql+psycopg")
-
-        def drop() -> None:
-            with psycopg.connect(admin, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+def downgrade_0008_and_check(url: str, tmp_path: Path) -> None:
     engine = create_db_engine(url)
     try:
-        upgrade(engine, "0007")
-        blobs = DirectoryBlobStore(tmp_path / "blobs")
-        try:
-            old = fill_0007(engine, blobs)
-        finally:
-            blobs.close()
+        old = filled_0007(engine, tmp_path)
         upgrade(engine, "0008")
         downgrade(engine, "0007")
         assert current_revision(engine) == "0007"
@@ -651,24 +631,12 @@ def test_downgrading_0008_gives_back_the_0007_names_and_entries(request, tmp_pat
         assert current_revision(engine) == head_revision()
     finally:
         engine.dispose()
-        if drop is not None:
-            drop()
 
 
 @pytest.mark.real
 def test_upgrading_a_0007_postgres_database_keeps_every_value_under_the_designs_names(real_postgres, tmp_path):
-    import psycopg
-
-    from services import _with_database, token
-
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        upgrade_0007_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_postgres(real_postgres) as url:
+        upgrade_0007_and_check(url, tmp_path)
 
 
 # -- 0008 -> 0009: turns that can be reverted ----------------------------------------------------------
@@ -729,15 +697,5 @@ def test_upgrading_a_0008_sqlite_database_keeps_its_turns_standing_and_lets_a_re
 @pytest.mark.real
 def test_upgrading_a_0008_postgres_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(
         real_postgres, tmp_path):
-    import psycopg
-
-    from services import _with_database, token
-
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        upgrade_0008_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with empty_postgres(real_postgres) as url:
+        upgrade_0008_and_check(url, tmp_path)
