@@ -515,6 +515,32 @@ def test_a_question_does_not_outlive_its_page(service: Service, page: Any) -> No
 
 
 @EMBEDDED
+def test_a_revert_of_the_draft_shows_in_the_history_and_marks_the_undone_turns(service: Service, page: Any) -> None:
+    from playwright.sync_api import expect
+
+    store = service.store
+    project = store.create_project("reverted", files={"n.txt": "0\n"})
+    turns = []
+    for n in (1, 2, 3):
+        turn = store.start_turn(project.id, f"turn {n}") if n == 1 else store.continue_turn(project.id, f"turn {n}")
+        store.write_file(turn.id, "n.txt", f"{n}\n")
+        store.complete_turn(turn.id, "ok")
+        turns.append(turn)
+    store.revert_draft(project.id, turns[1].id, actor="alice")
+
+    login(page, service, service.admin)
+    page.goto(f"{service.url}/admin#/p/{project.id}")
+    revert = page.locator("#moves-table tbody tr").first
+    expect(revert).to_have_attribute("data-reason", "revert")
+    expect(revert).to_contain_text("draft → start of turn")
+    expect(revert).to_contain_text("alice")
+    for turn, undone in zip(turns, (False, True, True)):
+        expect(page.locator(f"#turns-table tr[data-turn='{turn.id}'] .reverted")).to_have_count(1 if undone else 0)
+    expect(page.locator(f"#turns-table tr[data-turn='{turns[2].id}'] .reverted")).to_have_attribute(
+        "title", re.compile(r"reverted .* by alice"))
+
+
+@EMBEDDED
 def test_long_lists_show_their_newest_items_and_say_older_ones_are_not_shown(service: Service, page: Any) -> None:
     """Lists longer than the page's caps (lowered here) show the newest items, read newest first
     (only the pages that hold them), and say older ones are left out; head's version is shown

@@ -87,6 +87,7 @@ ACTOR_CALLS = {
     "publish": lambda s, p, actor: s.publish(p.id, "x", actor=actor),
     "discard_draft": lambda s, p, actor: s.discard_draft(p.id, actor=actor),
     "rollback_to": lambda s, p, actor: s.rollback_to(p.id, s.list_versions(p.id)[0].id, actor=actor),
+    "revert_draft": lambda s, p, actor: s.revert_draft(p.id, s.list_turns(p.id)[-1].id, actor=actor),
     "create_project": lambda s, p, actor: s.create_project("another", files={"x.py": "x"}, actor=actor),
     "fork_project": lambda s, p, actor: s.fork_project(p.current_version_id, "fork", actor=actor),
 }
@@ -552,6 +553,8 @@ def _id_calls(p, t, v):
         "discard_draft": (ProjectNotFound, lambda s, x: s.discard_draft(x)),
         "rollback_to project": (ProjectNotFound, lambda s, x: s.rollback_to(x, v)),
         "rollback_to version": (VersionNotFound, lambda s, x: s.rollback_to(p.id, x)),
+        "revert_draft project": (ProjectNotFound, lambda s, x: s.revert_draft(x, t.id)),
+        "revert_draft turn": (TurnNotFound, lambda s, x: s.revert_draft(p.id, x)),
         "view_at version": (VersionNotFound, lambda s, x: s.view_at(p.id, x)),
         "get_version": (VersionNotFound, lambda s, x: s.get_version(x)),
         "fork_project": (VersionNotFound, lambda s, x: s.fork_project(x, "fork")),

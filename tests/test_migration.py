@@ -8,12 +8,16 @@ SQLite (a temp file) and on PostgreSQL (a scratch database of its own).
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Callable
 
 import pytest
 import sqlalchemy as sa
+from sqlalchemy.dialects.postgresql import JSONB
 
 from draftstore import Store
 from draftstore.blobs import DirectoryBlobStore
@@ -26,6 +30,24 @@ from draftstore.digest import EMPTY_TREE
 from draftstore.trees import FileEntry, TreeReader
 
 T0 = datetime(2026, 11, 1, 9, 0, 0, 123456, tzinfo=timezone.utc)
+
+
+@contextmanager
+def empty_postgres(real_postgres: Any) -> Iterator[str]:
+    """A new, empty PostgreSQL database's URL for one test (the session's own database is
+    migrated already); dropped afterwards."""
+    import psycopg
+
+    from services import _with_database, token
+
+    name = f"draftstore_migrate_{token()}"
+    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{name}"')
+    try:
+        yield _with_database(real_postgres.admin_url, name, "postgresql+psycopg")
+    finally:
+        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 def at(minutes: float) -> datetime:
@@ -49,9 +71,14 @@ def build_tree(blobs: DirectoryBlobStore, files: dict[str, bytes]) -> str:
     return str(root)
 
 
+JSON = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+
+
 def insert(conn: Any, table: str, **values: Any) -> None:
-    """A raw INSERT in the 0001 schema (timestamps bound as timestamps)."""
+    """A raw INSERT in an old schema, by its column names (timestamps bound as
+    timestamps, dicts and lists as JSON documents)."""
     binds = [sa.bindparam(k, type_=sa.DateTime(timezone=True)) for k, v in values.items() if isinstance(v, datetime)]
+    binds += [sa.bindparam(k, type_=JSON) for k, v in values.items() if isinstance(v, (dict, list))]
     sql = f"INSERT INTO {table} ({', '.join(values)}) VALUES ({', '.join(':' + k for k in values)})"
     conn.execute(sa.text(sql).bindparams(*binds), values)
 
@@ -287,15 +314,7 @@ def test_upgrading_a_0001_sqlite_database_keeps_its_data(tmp_path, how):
 @pytest.mark.real
 @pytest.mark.parametrize("how", [by_upgrade, by_open], ids=lambda f: f.__name__)
 def test_upgrading_a_0001_postgres_database_keeps_its_data(real_postgres, tmp_path, how):
-    import psycopg
-
-    from services import _with_database, token
-
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = _with_database(real_postgres.admin_url, name, "postgresql+psycopg")
+    with empty_postgres(real_postgres) as url:
         migrate_and_check(url, tmp_path, how)
         engine = sa.create_engine(url)
         try:
@@ -308,17 +327,14 @@ def test_upgrading_a_0001_postgres_database_keeps_its_data(real_postgres, tmp_pa
         # documents became JSONB; serialised tool payloads stay text (they are embedded as they are)
         assert {k: v for k, v in types.items() if not k.startswith("tool_call.")} == {
             f"{table}.{column}": "jsonb" for table, columns in {
-                "project_version": ["characters_json", "world_settings_json"],
-                "project_draft": ["characters_json", "world_settings_json", "partial_response_json"],
+                "project_version": ["characters_state_json", "worldsettings_state_json"],
+                "project_draft": ["characters_state_json", "worldsettings_state_json", "partial_response_json"],
                 "project_turn": ["user_message_json", "assistant_message_json", "error_json",
                                  "partial_response_json", "tool_calls_json"],
             }.items() for column in columns}
         assert {k: v for k, v in types.items() if k.startswith("tool_call.")} == {
             "tool_call.args_json": "text", "tool_call.result_json": "text", "tool_call.error_json": "text",
             "tool_call.approval_json": "text"}
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- old values the new column types are stricter about -------------------------------------------------
@@ -389,46 +405,31 @@ def test_upgrading_a_0001_sqlite_database_keeps_documents_that_hold_a_nul(tmp_pa
 @pytest.mark.real
 @pytest.mark.parametrize("case", ["documents", "tool_payload"])
 def test_upgrading_a_0001_postgres_database_whose_json_holds_a_nul_completes(real_postgres, tmp_path, case):
-    import psycopg
-
-    from services import _with_database, token
-
     fill, check = {"documents": (fill_0001_with_nul_documents, check_nul_documents),
                    "tool_payload": (fill_0001_with_a_nul_tool_payload, check_nul_tool_payload)}[case]
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = _with_database(real_postgres.admin_url, name, "postgresql+psycopg")
+    with empty_postgres(real_postgres) as url:
         store = upgraded_store(url, tmp_path, fill)
         try:
             check(store)
         finally:
             store.close()
-    finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # -- 0006 -> 0007: sandbox sessions ------------------------------------------------------------------------
 def fill_0006(engine: Any) -> None:
     """A project as the 0006 release left it: head, an open draft naming its ready external snapshot."""
-    from draftstore.db.tables import P as PROJECT, S as SNAPSHOT, V as VERSION
-
     empty = str(EMPTY_TREE)
     with engine.begin() as conn:
-        conn.execute(PROJECT.insert().values(id=P, name="before sessions", current_version_id=V1,
-                                             active_draft_id=DR, created_at=at(0)))
-        conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
-                                             characters_json={"hero": 1}, world_settings_json={}, summary="v1",
-                                             created_at=at(0)))
-        conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
-                                       code_manifest_key=empty, file_count=0, characters_json={"hero": 2},
-                                       world_settings_json={}, revision=1, status_changed_at=at(1), created_at=at(1),
-                                       snapshot_id=T1))
-        conn.execute(SNAPSHOT.insert().values(id=T1, project_id=P, source_kind="draft", source_id=DR, root=empty,
-                                              status="ready", external_ref="provider-snap", files=0, size_bytes=0,
-                                              created_at=at(2), finished_at=at(2)))
+        insert(conn, "project", id=P, name="before sessions", current_version_id=V1, active_draft_id=DR,
+               created_at=at(0))
+        insert(conn, "project_version", id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
+               characters_json={"hero": 1}, world_settings_json={}, summary="v1", created_at=at(0), pack_attempts=0)
+        insert(conn, "project_draft", id=DR, project_id=P, base_version_id=V1, status="paused",
+               code_manifest_key=empty, file_count=0, characters_json={"hero": 2}, world_settings_json={},
+               revision=1, status_changed_at=at(1), created_at=at(1), snapshot_id=T1)
+        insert(conn, "sandbox_snapshot", id=T1, project_id=P, source_kind="draft", source_id=DR, root=empty,
+               status="ready", external_ref="provider-snap", files=0, size_bytes=0, created_at=at(2),
+               finished_at=at(2))
 
 
 def upgrade_0006_and_check(url: str, tmp_path: Path) -> None:
@@ -461,15 +462,240 @@ def test_upgrading_a_0006_sqlite_database_keeps_its_data_and_adds_sandbox_sessio
 
 @pytest.mark.real
 def test_upgrading_a_0006_postgres_database_keeps_its_data_and_adds_sandbox_sessions(real_postgres, tmp_path):
-    import psycopg
+    with empty_postgres(real_postgres) as url:
+        upgrade_0006_and_check(url, tmp_path)
 
-    from services import _with_database, token
 
-    name = f"draftstore_migrate_{token()}"
-    with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{name}"')
+# -- 0007 -> 0008: the design's names ----------------------------------------------------------------------
+def fill_0007(engine: Any, blobs: DirectoryBlobStore) -> dict[str, Any]:
+    """A project as the 0007 release left it: a version with characters, a paused draft,
+    a completed turn whose history was compacted in 0007's keys (an offloaded args, a
+    failed call, a call denied approval), and an external snapshot of the draft."""
+    empty = str(EMPTY_TREE)
+    big = str(blobs.put(b'{"path":"big.txt","blob":"' + b"z" * 10_000 + b'"}'))
+    calls = [
+        {"seq": 1, "tool_name": "view_file", "status": "completed", "args_digest": big,
+         "args_preview": '{"path":"big.txt","blob":"zzz', "result": {"content": "x"}, "result_digest": None,
+         "result_preview": None, "error": None, "approval": None,
+         "started_at": at(11.1).isoformat(), "ended_at": at(11.2).isoformat()},
+        {"seq": 2, "tool_name": "run_tests", "status": "failed", "args": {"suite": "all"}, "args_digest": None,
+         "args_preview": None, "result_digest": None, "result_preview": None,
+         "error": {"type": "Timeout", "after_s": 30}, "approval": None,
+         "started_at": at(11.3).isoformat(), "ended_at": at(11.4).isoformat()},
+        {"seq": 3, "tool_name": "rm_rf", "status": "denied", "args": {"path": "/"}, "args_digest": None,
+         "args_preview": None, "result_digest": None, "result_preview": None, "error": None,
+         "approval": {"approved": False, "reason": "no", "by": "zoe", "at": at(11.6).isoformat()},
+         "started_at": at(11.5).isoformat(), "ended_at": at(11.6).isoformat()},
+    ]
+    with engine.begin() as conn:
+        insert(conn, "project", id=P, name="before the design's names", current_version_id=V1, active_draft_id=DR,
+               created_at=at(0))
+        insert(conn, "project_version", id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
+               characters_json={"hero": {"hp": 10}}, world_settings_json={"era": "bronze"}, summary="v1",
+               created_at=at(0), pack_attempts=0)
+        insert(conn, "project_draft", id=DR, project_id=P, base_version_id=V1, status="paused",
+               code_manifest_key=empty, file_count=0, characters_json={"hero": {"hp": 12}},
+               world_settings_json={"era": "iron"}, revision=4, last_turn_id=T1, status_changed_at=at(12),
+               created_at=at(10), snapshot_id=T2)
+        insert(conn, "project_draft", id=OLD_DR, project_id=P, base_version_id=V1, status="paused",
+               code_manifest_key=empty, file_count=0, characters_json={}, world_settings_json={}, revision=1,
+               status_changed_at=at(2), created_at=at(1), closed_at=at(3), closed_reason="discarded")
+        insert(conn, "project_turn", id=T1, project_id=P, draft_id=DR, number=1, status="completed",
+               user_message_json={"role": "user", "content": "add a castle"},
+               assistant_message_json={"role": "assistant", "content": "done"}, tool_calls_json=calls,
+               base_version_id=V1, start_root=empty, end_root=empty, started_at=at(11), ended_at=at(12))
+        insert(conn, "sandbox_snapshot", id=T2, project_id=P, source_kind="draft", source_id=DR, root=empty,
+               status="ready", external_ref="e2b:snap-7", files=0, size_bytes=0, created_at=at(13),
+               finished_at=at(13))
+    return {"big": big, "calls": calls}
+
+
+def sql_row(engine: Any, sql: str, **params: Any) -> tuple[Any, ...]:
+    with engine.connect() as conn:
+        return tuple(conn.execute(sa.text(sql), params).one())
+
+
+def as_json(value: Any) -> Any:
+    return json.loads(value) if isinstance(value, str) else value
+
+
+def as_time(value: Any) -> datetime:
+    value = datetime.fromisoformat(value) if isinstance(value, str) else value
+    return value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+
+
+def filled_0007(engine: Any, tmp_path: Path) -> dict[str, Any]:
+    """``engine``'s database migrated to 0007 and filled as that release left it."""
+    upgrade(engine, "0007")
+    blobs = DirectoryBlobStore(tmp_path / "blobs")
     try:
-        upgrade_0006_and_check(_with_database(real_postgres.admin_url, name, "postgresql+psycopg"), tmp_path)
+        return fill_0007(engine, blobs)
     finally:
-        with psycopg.connect(real_postgres.admin_url, autocommit=True) as conn:
-            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        blobs.close()
+
+
+def upgrade_0007_and_check(url: str, tmp_path: Path) -> None:
+    engine = create_db_engine(url)
+    try:
+        old = filled_0007(engine, tmp_path)
+        upgrade(engine)
+        assert current_revision(engine) == head_revision()
+
+        # plain SQL by the design's names finds every value
+        chars, world = sql_row(engine, "SELECT characters_state_json, worldsettings_state_json FROM project_version "
+                                       "WHERE id = :id", id=V1)
+        assert (as_json(chars), as_json(world)) == ({"hero": {"hp": 10}}, {"era": "bronze"})
+        chars, world, updated = sql_row(engine, "SELECT characters_state_json, worldsettings_state_json, updated_at "
+                                                "FROM project_draft WHERE id = :id", id=DR)
+        assert (as_json(chars), as_json(world), as_time(updated)) == ({"hero": {"hp": 12}}, {"era": "iron"}, at(12))
+        (closed_updated,) = sql_row(engine, "SELECT updated_at FROM project_draft WHERE id = :id", id=OLD_DR)
+        assert as_time(closed_updated) == at(3)  # a closed draft last changed when it closed
+        assert sql_row(engine, "SELECT e2b_snapshot_ref, bundle_key FROM sandbox_snapshot WHERE id = :id",
+                       id=T2) == ("e2b:snap-7", None)
+        (calls,) = sql_row(engine, "SELECT tool_calls_json FROM project_turn WHERE id = :id", id=T1)
+        view, tests, denied = as_json(calls)
+        for c in (view, tests, denied):
+            assert {"seq", "tool_name", "args", "status", "result", "started_at", "finished_at"} <= set(c)
+            assert "ended_at" not in c and "error" not in c
+        assert (view["args"], view["args_digest"], view["result"], view["finished_at"]) == (
+            None, old["big"], {"content": "x"}, at(11.2).isoformat())
+        assert (tests["args"], tests["status"], tests["result"], tests["finished_at"]) == (
+            {"suite": "all"}, "failed", {"error": {"type": "Timeout", "after_s": 30}}, at(11.4).isoformat())
+        assert (denied["status"], denied["result"], denied["approval"]["by"]) == ("denied", None, "zoe")
+    finally:
+        engine.dispose()
+
+    # the API reads the same values, and work goes on
+    store = by_open(url, tmp_path)
+    try:
+        assert store.get_version(V1).characters == {"hero": {"hp": 10}}
+        assert store.get_draft(P).snapshot_id == T2
+        assert store.best_snapshot(P, "draft").external_ref == "e2b:snap-7"
+        view, tests, denied = store.get_turn(T1).tool_calls
+        assert (view.args, view.args_digest, view.result, view.error, view.ended_at) == (
+            None, old["big"], {"content": "x"}, None, at(11.2))
+        assert store.read_payload(view.args_digest) == BIG_ARGS
+        assert (tests.args, tests.result, tests.error, tests.ended_at) == (
+            {"suite": "all"}, None, {"type": "Timeout", "after_s": 30}, at(11.4))
+        assert (denied.status, denied.result, denied.error, denied.approval["reason"]) == ("denied", None, None, "no")
+        t2 = store.continue_turn(P, "go on")
+        store.write_file(t2.id, "castle.py", "CASTLE = True\n")
+        store.complete_turn(t2.id, "ok")
+        assert store.publish(P, "castle").characters == {"hero": {"hp": 12}}
+    finally:
+        store.close()
+
+
+def downgrade(engine: Any, revision: str) -> None:
+    """``alembic downgrade`` on ``engine`` (SQLite's foreign keys off while tables are rebuilt, as in ``upgrade``)."""
+    from alembic import command
+
+    from draftstore.db.migrate import alembic_config
+
+    cfg = alembic_config()
+    with engine.connect() as conn:
+        if engine.dialect.name == "sqlite":
+            conn.connection.driver_connection.execute("PRAGMA foreign_keys=OFF")
+        with conn.begin():
+            cfg.attributes["connection"] = conn
+            command.downgrade(cfg, revision)
+
+
+def test_upgrading_a_0007_sqlite_database_keeps_every_value_under_the_designs_names(tmp_path):
+    upgrade_0007_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+
+
+@pytest.mark.parametrize("database", ["sqlite", pytest.param("postgres", marks=pytest.mark.real)])
+def test_downgrading_0008_gives_back_the_0007_names_and_entries(request, tmp_path, database):
+    if database == "sqlite":
+        downgrade_0008_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+    else:
+        with empty_postgres(request.getfixturevalue("real_postgres")) as url:
+            downgrade_0008_and_check(url, tmp_path)
+
+
+def downgrade_0008_and_check(url: str, tmp_path: Path) -> None:
+    engine = create_db_engine(url)
+    try:
+        old = filled_0007(engine, tmp_path)
+        upgrade(engine, "0008")
+        downgrade(engine, "0007")
+        assert current_revision(engine) == "0007"
+        chars, calls = sql_row(engine, "SELECT d.characters_json, t.tool_calls_json FROM project_draft d "
+                                       "JOIN project_turn t ON t.draft_id = d.id WHERE t.id = :id", id=T1)
+        assert as_json(chars) == {"hero": {"hp": 12}} and as_json(calls) == old["calls"]
+        assert sql_row(engine, "SELECT external_ref FROM sandbox_snapshot WHERE id = :id", id=T2) == ("e2b:snap-7",)
+        names = {ix["name"] for ix in sa.inspect(engine).get_indexes("project_draft")}
+        assert "uq_draft_open" in names
+        upgrade(engine)  # and up again
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+
+
+@pytest.mark.real
+def test_upgrading_a_0007_postgres_database_keeps_every_value_under_the_designs_names(real_postgres, tmp_path):
+    with empty_postgres(real_postgres) as url:
+        upgrade_0007_and_check(url, tmp_path)
+
+
+# -- 0008 -> 0009: turns that can be reverted ----------------------------------------------------------
+def fill_0008(engine: Any, start_state: str) -> None:
+    """A draft of two completed turns as the 0008 release left them (no revert columns yet)."""
+    from draftstore.db.tables import P as PROJECT, V as VERSION
+
+    empty = str(EMPTY_TREE)
+    with engine.begin() as conn:
+        conn.execute(PROJECT.insert().values(id=P, name="before reverts", current_version_id=V1,
+                                             active_draft_id=DR, created_at=at(0)))
+        conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
+                                             characters_json={"hero": 1}, world_settings_json={}, summary="v1",
+                                             created_at=at(0)))
+        conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
+                                       code_manifest_key=empty, file_count=0, characters_json={"hero": 3},
+                                       world_settings_json={}, revision=4, last_turn_id=T2,
+                                       status_changed_at=at(3), created_at=at(1)))
+        for n, (tid, before) in enumerate([(T1, None), (T2, T1)], start=1):
+            conn.execute(T.insert().values(
+                id=tid, project_id=P, draft_id=DR, number=n, continues_turn_id=before, base_version_id=V1,
+                status="completed", user_message_json=f"turn {n}", assistant_message_json="ok", start_root=empty,
+                end_root=empty, start_state_digest=start_state, end_state_digest=start_state, started_at=at(n),
+                ended_at=at(n + 0.5)))
+
+
+def upgrade_0008_and_check(url: str, tmp_path: Path) -> None:
+    from draftstore.digest import digest_of
+    from draftstore.turns import state_blob
+
+    start = state_blob({"hero": 1}, {})
+    engine = create_db_engine(url)
+    try:
+        upgrade(engine, "0008")
+        fill_0008(engine, str(digest_of(start)))
+        upgrade(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+    store = by_open(url, tmp_path)
+    try:
+        store.blobs.put(start)  # the start state object the 0008 release stored with the turn
+        turns = store.list_turns(P)
+        assert [(t.id, t.status, t.reverted_at, t.reverted_by) for t in turns] == [
+            (T1, "completed", None, None), (T2, "completed", None, None)]
+        draft = store.revert_draft(P, T2, actor="alice")
+        assert (draft.revision, draft.last_turn_id) == (5, T1)
+        assert store.view(P).characters == {"hero": 1}
+        assert [t.reverted_by for t in store.list_turns(P)] == [None, "alice"]
+    finally:
+        store.close()
+
+
+def test_upgrading_a_0008_sqlite_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(tmp_path):
+    upgrade_0008_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+
+
+@pytest.mark.real
+def test_upgrading_a_0008_postgres_database_keeps_its_turns_standing_and_lets_a_revert_mark_them(
+        real_postgres, tmp_path):
+    with empty_postgres(real_postgres) as url:
+        upgrade_0008_and_check(url, tmp_path)

@@ -95,7 +95,7 @@ def test_the_document_states_every_answer_the_bearer_scheme_and_readable_names()
     assert len(ids) == len(set(ids)) >= 48
     assert all(re.fullmatch(r"[a-z]+(_[a-z]+)*", i) for i in ids), ids
     assert {"turns_start", "tool_calls_start", "tool_calls_complete", "projects_create", "projects_publish",
-            "projects_rollback", "versions_list"} <= set(ids)
+            "projects_rollback", "drafts_revert", "versions_list"} <= set(ids)
 
 
 @pytest.mark.parametrize("stack", ["embedded"], indirect=True)

@@ -42,4 +42,5 @@ def test_the_readme_python_block_runs_top_to_bottom(tmp_path: Path) -> None:
         assert game.active_draft_id is None  # discarded
         assert sorted(store.view_at(game.id, versions[1].id).list_files()) == ["a.py", "dragon.py", "main.py",
                                                                                 "src/util.py"]
-        assert [m.actor for m in store.head_moves(game.id)] == ["alice", "admin", "admin"]
+        assert [(m.reason, m.actor) for m in store.head_moves(game.id)] == [
+            ("create", "alice"), ("publish", "admin"), ("rollback", "admin"), ("revert", "admin")]

@@ -129,12 +129,12 @@ def test_an_ended_turn_keeps_its_tool_history_on_its_row(store_factory, ending):
     assert rows_of(store, t.id) == 0
     column = compacted(store, t.id)
     assert isinstance(column, list) and [c["seq"] for c in column] == [1, 2, 3, 4]
-    assert "args" not in column[0] and column[0]["args_digest"] == before[0].args_digest
-    assert column[1]["error"] == {"type": "Timeout", "after_s": 30}
-    assert "result" not in column[2] and column[2]["result_digest"] == before[2].result_digest
+    assert column[0]["args"] is None and column[0]["args_digest"] == before[0].args_digest  # offloaded
+    assert column[1]["result"] == {"error": {"type": "Timeout", "after_s": 30}}
+    assert column[2]["result"] is None and column[2]["result_digest"] == before[2].result_digest
     # the call still running ended with its turn: interrupted, at the turn's end
     ended = store.get_turn(t.id)
-    assert column[3]["status"] == "interrupted" and column[3]["ended_at"] == ended.ended_at.isoformat()
+    assert column[3]["status"] == "interrupted" and column[3]["finished_at"] == ended.ended_at.isoformat()
     assert ended.status == STATUS_AFTER[ending]
     assert ended.tool_calls[:3] == before[:3]  # every field: seq, name, status, payloads, digests, previews, times
     assert ended.tool_calls[3] == dataclasses.replace(before[3], status="interrupted", ended_at=ended.ended_at)
@@ -280,19 +280,20 @@ def test_json_documents_are_queryable_in_sql(store):
 
     # the columns are JSONB on PostgreSQL, JSON on SQLite
     expected = "jsonb" if q.pg else "json"
-    for table, column in [("project_version", "characters_json"), ("project_version", "world_settings_json"),
-                          ("project_draft", "characters_json"), ("project_draft", "partial_response_json"),
+    for table, column in [("project_version", "characters_state_json"),
+                          ("project_version", "worldsettings_state_json"),
+                          ("project_draft", "characters_state_json"), ("project_draft", "partial_response_json"),
                           ("project_turn", "user_message_json"), ("project_turn", "assistant_message_json"),
                           ("project_turn", "error_json"), ("project_turn", "partial_response_json"),
                           ("project_turn", "tool_calls_json")]:
         assert q.column_type(table, column) == expected, (table, column)
 
-    hp, villain_hp = q.field("characters_json", "hero", "hp"), q.field("characters_json", "villain", "hp")
-    assert q.row(f"SELECT {q.typeof('characters_json')}, {hp}, {villain_hp} FROM project_version WHERE id = :id",
+    hp, villain_hp = q.field("characters_state_json", "hero", "hp"), q.field("characters_state_json", "villain", "hp")
+    assert q.row(f"SELECT {q.typeof('characters_state_json')}, {hp}, {villain_hp} FROM project_version WHERE id = :id",
                  id=version.id) == ("object", "10" if q.pg else 10, "99" if q.pg else 99)
     first = store.list_versions(p.id)[0]
-    assert q.row(f"SELECT {q.typeof('world_settings_json')}, {q.field('world_settings_json', 'era')}, "
-                 f"{q.typeof('world_settings_json', 'magic')} FROM project_version WHERE id = :id",
+    assert q.row(f"SELECT {q.typeof('worldsettings_state_json')}, {q.field('worldsettings_state_json', 'era')}, "
+                 f"{q.typeof('worldsettings_state_json', 'magic')} FROM project_version WHERE id = :id",
                  id=first.id) == ("object", "bronze", "boolean")
 
     assert q.row(f"SELECT {q.typeof('user_message_json')}, {q.field('user_message_json', 'role')}, "
@@ -449,3 +450,97 @@ def test_json_values_come_back_exactly_as_they_went_in(store, values):
     }
     changed = {where: got for where, (got, want) in places.items() if not same_json(got, want)}
     assert sorted(changed) == []  # the places that changed a value
+
+
+# -- SQL written against the design reads the rows by the design's names -------------------------------
+def test_sql_written_against_the_design_reads_every_record_by_its_names(store):
+    """An admin's report written from the design (not from draftstore's code) runs as it is."""
+    q = JsonSQL(store)
+    p = new_project(store)
+    t = store.start_turn(p.id, "add a castle")
+    view = store.tool_started(t.id, "view_file", {"path": "main.py"})
+    store.tool_completed(t.id, view.seq, {"content": "print(1)\n"})
+    tests = store.tool_started(t.id, "run_tests", {"suite": "all"})
+    store.tool_failed(t.id, tests.seq, {"type": "Timeout", "after_s": 30})
+    store.write_file(t.id, "castle.py", "CASTLE = True\n")
+    store.complete_turn(t.id, "castle added")
+    bundle = store.create_snapshot(p.id, "draft")
+    external = store.record_snapshot(p.id, "head", "e2b:snap-42")
+    head = store.get_version(p.current_version_id)
+
+    assert q.row(f"SELECT code_manifest_key, {q.field('characters_state_json', 'hero', 'hp')}, "
+                 f"{q.field('worldsettings_state_json', 'era')} FROM project_version WHERE id = :id",
+                 id=head.id) == (head.root, "10" if q.pg else 10, "bronze")
+    draft = store.get_draft(p.id)
+    assert q.row(f"SELECT code_manifest_key, last_turn_id, snapshot_id, updated_at IS NOT NULL, "
+                 f"{q.field('characters_state_json', 'hero', 'hp')}, {q.field('worldsettings_state_json', 'era')} "
+                 "FROM project_draft WHERE id = :id", id=draft.id) == (
+        draft.root, t.id, bundle.id, True, "10" if q.pg else 10, "bronze")
+    assert q.row("SELECT bundle_key, e2b_snapshot_ref FROM sandbox_snapshot WHERE id = :id",
+                 id=bundle.id) == (bundle.bundle_key, None)
+    assert q.row("SELECT bundle_key, e2b_snapshot_ref FROM sandbox_snapshot WHERE id = :id",
+                 id=external.id) == (None, "e2b:snap-42")
+
+    (calls,) = q.row("SELECT tool_calls_json FROM project_turn WHERE id = :id", id=t.id)
+    calls = calls if isinstance(calls, list) else json.loads(calls)
+    design_keys = {"seq", "tool_name", "args", "status", "result", "started_at", "finished_at"}
+    assert all(design_keys <= set(c) for c in calls)
+    ok, failed = calls
+    assert (ok["seq"], ok["tool_name"], ok["args"], ok["status"], ok["result"]) == (
+        1, "view_file", {"path": "main.py"}, "completed", {"content": "print(1)\n"})
+    assert (failed["seq"], failed["tool_name"], failed["status"]) == (2, "run_tests", "failed")
+    assert failed["result"] == {"error": {"type": "Timeout", "after_s": 30}}
+    assert ok["finished_at"] >= ok["started_at"] and failed["finished_at"] is not None
+    # the failed call's error, queried in SQL at result.error
+    error_type = ("tool_calls_json->1->'result'->'error'->>'type'" if q.pg
+                  else "json_extract(tool_calls_json, '$[1].result.error.type')")
+    assert q.row(f"SELECT {error_type} FROM project_turn WHERE id = :id", id=t.id) == ("Timeout",)
+    # and the API still says it with its own words
+    assert store.get_turn(t.id).tool_calls[1].error == {"type": "Timeout", "after_s": 30}
+
+
+def test_every_change_to_a_draft_moves_its_updated_at(store):
+    """An admin finds recently changed drafts by ``project_draft.updated_at``: every
+    write, delete, move, patch, status change, snapshot, publish and discard moves it."""
+    q = JsonSQL(store)
+    p = new_project(store)
+    t = store.start_turn(p.id, "one")
+    draft_id = t.draft_id
+    seen = [q.row("SELECT updated_at FROM project_draft WHERE id = :id", id=draft_id)[0]]
+    assert seen[0] is not None
+
+    def moved(what: str) -> None:
+        (now,) = q.row("SELECT updated_at FROM project_draft WHERE id = :id", id=draft_id)
+        assert now > seen[-1], what
+        seen.append(now)
+
+    assert store.get_draft(p.id).updated_at is not None  # the API shows it too
+    store.write_file(t.id, "a.py", "a\n")
+    moved("write")
+    assert store.get_draft(p.id).updated_at > store.get_draft(p.id).created_at
+    store.move_file(t.id, "a.py", "b.py")
+    moved("move")
+    store.delete_file(t.id, "b.py")
+    moved("delete")
+    store.patch_characters(t.id, {"villain": {"hp": 1}})
+    moved("characters patch")
+    store.patch_world_settings(t.id, {"era": "iron"})
+    moved("world settings patch")
+    store.interrupt_turn(t.id, partial_response={"text": "half"})
+    moved("interrupted")
+    t2 = store.continue_turn(p.id, "two")
+    moved("running again")
+    store.write_file(t2.id, "c.py", "c\n")
+    moved("write")
+    store.complete_turn(t2.id, "ok")
+    moved("paused (sealed)")
+    store.create_snapshot(p.id, "draft")
+    moved("its snapshot named")
+    store.publish(p.id, "published")
+    moved("published")
+
+    t3 = store.start_turn(p.id, "three")
+    draft_id = t3.draft_id
+    seen.append(q.row("SELECT updated_at FROM project_draft WHERE id = :id", id=draft_id)[0])
+    store.discard_draft(p.id)
+    moved("discarded")

@@ -224,6 +224,25 @@ def test_continuing_from_a_turn_the_draft_does_not_hold_or_a_running_one_is_a_co
     assert t3.continues_turn_id == t2.id and [t.id for t in t3.context.turns] == [t2.id]  # type: ignore[union-attr]
 
 
+
+def test_turns_reverted_out_of_the_draft_leave_the_context_and_cannot_be_continued(store: Store) -> None:
+    p = new_project(store)
+    t1 = store.start_turn(p.id, "add a dragon")
+    store.write_file(t1.id, "dragon.py", "dragon = 1\n")
+    store.complete_turn(t1.id, "added")
+    t2 = store.continue_turn(p.id, "make it breathe fire")
+    store.write_file(t2.id, "fire.py", "fire = 1\n")
+    store.complete_turn(t2.id, "it does")
+    store.revert_draft(p.id, t2.id)  # t2 undone: the draft is back at its start
+
+    with pytest.raises(TurnConflict):
+        store.continue_turn(p.id, "go on", from_turn_id=t2.id)
+    t3 = store.continue_turn(p.id, "a gentler dragon", from_turn_id=t1.id)
+    ctx = t3.context
+    assert ctx is not None and [t.id for t in ctx.turns] == [t1.id]
+    assert ctx.changes.added == ("dragon.py",)
+
+
 # -- over HTTP ---------------------------------------------------------------------------------
 def test_a_backend_continues_over_http_and_gets_the_context_in_the_same_answer(service: Service) -> None:
     c = service.client()

@@ -251,6 +251,7 @@ class Seed:
             "Delta": [{"text": "hello "}],
             "Publish": [{"summary": "release"}, {"summary": "forced", "force": True}],
             "Rollback": [{"version_id": v} for v in self.versions],
+            "Revert": [{"to_turn_id": self.ended_turn, "actor": "fuzzer"}],
             "Fork": [{"name": "fork", "version_id": self.versions[1]}, {"name": "fork-head"}],
             "CreateToken": [{"role": "agent", "project_id": self.project}, {"role": "observer"}],
             "Actor": [{"actor": "fuzzer"}],

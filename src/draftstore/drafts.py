@@ -32,7 +32,7 @@ def draft_record(r: Any) -> Draft:
         root=r.code_manifest_key, file_count=r.file_count, revision=r.revision, last_turn_id=r.last_turn_id,
         partial_response=r.partial_response_json, created_at=aware(r.created_at), closed_at=aware(r.closed_at),
         closed_reason=None if r.closed_reason is None else DraftClosedReason(r.closed_reason),
-        closed_by=r.closed_by, snapshot_id=r.snapshot_id,
+        closed_by=r.closed_by, snapshot_id=r.snapshot_id, updated_at=aware(r.updated_at),
     )
 
 

@@ -31,7 +31,7 @@ Tree (code in brackets)::
     ├── StateConflict                    the state moved; retry or decide
     │   ├── TurnNotRunning     [turn.not_running]
     │   ├── TurnAlreadyRunning [turn.already_running]
-    │   ├── TurnConflict       [turn.conflict]    not a turn this continue may name
+    │   ├── TurnConflict       [turn.conflict]   not a boundary of the current draft (revert, continue)
     │   ├── ToolCallNotStarted [toolcall.not_started]
     │   │   ├── ToolCallAlreadyFinished [toolcall.already_finished]
     │   │   └── ToolCallAwaitingApproval [toolcall.awaiting_approval]
@@ -222,7 +222,9 @@ class TurnAlreadyRunning(StateConflict):
 
 
 class TurnConflict(StateConflict):
-    """The turn a continue names (``from_turn_id``) is not an ended turn of the project's draft."""
+    """The turn is not a boundary of the project's current draft: it ran on an earlier
+    draft (published or discarded), or it was reverted already; or it is the turn a
+    continue names (``from_turn_id``) and is not an ended turn of the current draft."""
 
     code = "turn.conflict"
 

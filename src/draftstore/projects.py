@@ -21,7 +21,7 @@ from . import packing as packing_module
 from . import paging
 from . import validation as check
 from .backends import Backends
-from .db.tables import PK, D, H, P, V, utcnow
+from .db.tables import PK, D, H, P, T, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
 from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
@@ -261,7 +261,8 @@ class Projects:
         """The project's committed events rebuilt from the database, as its stream carried
         them (``(type, data)``, oldest first, the newest ``limit``): each publish
         (``version.published``), each rollback (``head.moved``), each discarded draft
-        (``draft.discarded``). For a stream whose buffer was lost."""
+        (``draft.discarded``), each revert of the draft to a turn's start
+        (``draft.reverted``). For a stream whose buffer was lost."""
         with self.b.tx(read_only=True) as conn:
             self.load(conn, project_id)
             moves = conn.execute(
@@ -274,6 +275,10 @@ class Projects:
                 sa.select(D.c.id, D.c.closed_at)
                 .where(D.c.project_id == project_id, D.c.closed_reason == "discarded")
                 .order_by(D.c.closed_at.desc()).limit(limit)).all()
+            reverts = [(aware(m.at), ("draft.reverted", self._reverted(conn, m.turn_id, m.at))) for m in conn.execute(
+                sa.select(H.c.turn_id, H.c.at)
+                .where(H.c.project_id == project_id, H.c.reason == HeadMoveReason.REVERT.value)
+                .order_by(H.c.id.desc()).limit(limit)).all()]
         events: list[tuple[datetime, tuple[str, dict[str, Any]]]] = [
             (aware(m.at), ("version.published", {"version_id": m.to_version_id, "number": m.number})
              if m.reason == HeadMoveReason.PUBLISH
@@ -281,8 +286,18 @@ class Projects:
                                   "at": aware(m.at).astimezone(timezone.utc).isoformat()}))
             for m in reversed(moves)]
         events += [(aware(d.closed_at), ("draft.discarded", {"draft_id": d.id})) for d in reversed(discarded)]
+        events += reversed(reverts)
         events.sort(key=lambda e: e[0])  # stable: moves keep their order within one instant
         return [e for _, e in events[-limit:]]
+
+    @staticmethod
+    def _reverted(conn: Connection, to_turn_id: str, at: datetime) -> dict[str, Any]:
+        """A revert's event as it was emitted: the draft, the turn it went back to, and the
+        turns it undid (those of that draft stamped reverted at the revert's own instant)."""
+        draft_id = conn.execute(sa.select(T.c.draft_id).where(T.c.id == to_turn_id)).scalar_one()
+        undone = conn.execute(sa.select(T.c.id).where(T.c.draft_id == draft_id, T.c.reverted_at == at)
+                              .order_by(T.c.number)).scalars().all()
+        return {"draft_id": draft_id, "to_turn_id": to_turn_id, "reverted": list(undone)}
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
         actor = check.actor(actor)

@@ -122,6 +122,8 @@ class HeadMoveReason(StrEnum):
     CREATE = "create"
     PUBLISH = "publish"
     ROLLBACK = "rollback"
+    # not a move: head stays; the draft went back to a turn's start (``turn_id``), by ``actor``
+    REVERT = "revert"
 
 
 class DraftClosedReason(StrEnum):
@@ -183,6 +185,8 @@ class Draft:
     closed_by: str | None = None
     #: the latest snapshot of the draft's exact tree that became ready (None once the tree moved on)
     snapshot_id: str | None = None
+    #: when the draft last changed: any write, patch, seal, status change, snapshot, publish or discard
+    updated_at: datetime | None = None
 
 
 @dataclass(frozen=True)
@@ -221,7 +225,9 @@ class Turn:
     """One QA turn. Messages and ``error`` are JSON values (a string, or a
     structured chat message). ``start_root``/``end_root`` are the code tree at
     the turn's boundaries (``end_root`` is set in the transaction that ends it).
-    ``tool_calls`` is the ordered history (empty in ``list_turns``)."""
+    ``tool_calls`` is the ordered history (empty in ``list_turns``).
+    ``reverted_at``/``reverted_by``: when and by whom the draft was reverted to
+    this turn's start or an earlier one (None: its changes still stand)."""
 
     id: str
     project_id: str
@@ -241,6 +247,8 @@ class Turn:
     ended_at: datetime | None
     tool_calls: tuple[ToolCall, ...] = field(default=())
     end_reason: TurnEndReason | None = None
+    reverted_at: datetime | None = None
+    reverted_by: str | None = None
 
 
 @dataclass(frozen=True)

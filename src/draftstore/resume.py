@@ -61,11 +61,8 @@ _UNFINISHED = (ToolCallStatus.INTERRUPTED, ToolCallStatus.EXPIRED)
 
 def _not_reverted(stmt: sa.Select[Any]) -> sa.Select[Any]:
     """The turns still part of the draft: a turn an admin reverted the draft past
-    (``reverted_at`` set) leaves the resume context. Written to hold before and
-    after the ``reverted_at`` column exists."""
-    if "reverted_at" in T.c:
-        return stmt.where(T.c.reverted_at.is_(None))
-    return stmt
+    (``reverted_at`` set) leaves the resume context."""
+    return stmt.where(T.c.reverted_at.is_(None))
 
 
 def _call(c: ToolCall) -> ResumeToolCall:

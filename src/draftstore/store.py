@@ -10,6 +10,7 @@
     ├── turns       begin, end, heartbeats, recovery sweep        (turns.py)
     ├── toolcalls   record, offload, compact, read the history    (toolcalls.py)
     ├── publishing  publish, discard                              (publishing.py)
+    ├── reverting   revert the draft to a turn's start            (reverting.py)
     ├── snapshots   sandbox snapshots, the best one of a state, materialise (snapshots.py)
     ├── sandboxes   sandbox sessions: open, heartbeat, close, lost (sandboxes.py)
     └── states      views, pinned views, references, diffs        (states.py)
@@ -43,6 +44,7 @@ from .drafts import Drafts
 from . import idprefix
 from .projects import Projects
 from .publishing import Publishing
+from .reverting import Reverting
 from .sandboxes import Sandboxes
 from .deltas import Deltas
 from .records import (ContinuedTurn, Draft, HeadMove, Page, Project, ResumeContext, SandboxSession, SandboxStatus,
@@ -104,6 +106,7 @@ class Store:
         self._resume = Resume(b, self._states, self._toolcalls)
         self._maintenance = Maintenance(b)
         self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns, self._snapshots)
+        self._reverting = Reverting(b, self._projects, self._drafts)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -432,6 +435,21 @@ class Store:
         ``draft.busy`` (being published).
         """
         return self._publishing.discard(project_id, actor)
+
+    def revert_draft(self, project_id: str, to_turn_id: str, *, actor: str | None = None) -> Draft:
+        """Undo the draft's turns from ``to_turn_id`` on: its files, characters and world
+        settings become exactly that turn's start state.
+
+        Atomic (one transaction, compare-and-swap on the draft row); a refused revert
+        changes nothing. The undone turns (``to_turn_id`` and the later ones of the
+        draft) stay readable, with ``reverted_at``/``reverted_by`` set; the revert is
+        recorded in ``head_moves`` (reason ``revert``, head unchanged, ``turn_id``).
+        Raises ``turn.not_found`` (also for another project's turn), ``draft.none``,
+        ``draft.busy`` while a turn runs or a publish is under way, ``turn.conflict``
+        for a turn of an earlier draft or one reverted already, ``state.not_found``
+        when the turn's start state is no longer kept.
+        """
+        return self._reverting.revert(project_id, to_turn_id, actor)
 
     def rollback_to(self, project_id: str, version_id: str, *, actor: str | None = None) -> Project:
         """Move head to ``version_id`` (one of the project's versions); deletes nothing.

@@ -54,14 +54,26 @@ def _from_row(turn_id: str, r: Any) -> ToolCall:
     )
 
 
+# The compacted entry, in the design's keys: ``seq, tool_name, args, status, result,
+# started_at, finished_at``, plus ``args_digest``/``args_preview``,
+# ``result_digest``/``result_preview`` and ``approval``. ``args``/``result`` are
+# null when offloaded (the digest is set) or, for ``result``, not finished; a call
+# that did not complete keeps its error at ``result.error``. ``_compact`` writes
+# it and ``_from_compact`` reads it: nothing else in the code does (gc and fsck
+# only read the digests), and migration 0008 converted the entries of 0007.
 def _from_compact(turn_id: str, c: dict[str, Any]) -> ToolCall:
-    ended = c.get("ended_at")
+    status = ToolCallStatus(c["status"])
+    result: Any = c["result"]
+    error: Any = None
+    if status != ToolCallStatus.COMPLETED and isinstance(result, dict):
+        result, error = None, result.get("error")
+    finished = c["finished_at"]
     return ToolCall(
-        turn_id=turn_id, seq=c["seq"], tool_name=c["tool_name"], status=ToolCallStatus(c["status"]),
-        args=c.get("args"), args_digest=c.get("args_digest"), args_preview=c.get("args_preview"),
-        result=c.get("result"), result_digest=c.get("result_digest"), result_preview=c.get("result_preview"),
-        error=c.get("error"), started_at=datetime.fromisoformat(c["started_at"]),
-        ended_at=None if ended is None else datetime.fromisoformat(ended), approval=c.get("approval"),
+        turn_id=turn_id, seq=c["seq"], tool_name=c["tool_name"], status=status,
+        args=c["args"], args_digest=c.get("args_digest"), args_preview=c.get("args_preview"),
+        result=result, result_digest=c.get("result_digest"), result_preview=c.get("result_preview"),
+        error=error, started_at=datetime.fromisoformat(c["started_at"]),
+        ended_at=None if finished is None else datetime.fromisoformat(finished), approval=c.get("approval"),
     )
 
 
@@ -72,25 +84,27 @@ _UNFINISHED = {ToolCallStatus.STARTED.value: ToolCallStatus.INTERRUPTED.value,
 
 
 def _compact(r: Any, ended_at: datetime) -> str:
-    """One call as compacted JSON text. Stored payload texts are embedded as
-    they are (already checked JSON); an absent ``args``/``result`` key means
-    offloaded (or, for ``result``, not finished). A call still unfinished is
-    written ``interrupted`` or ``expired``, finished at ``ended_at`` (the turn's end)."""
+    """One call (a ``tool_call`` row) as compacted JSON text. Stored payload
+    texts are embedded as they are (already checked JSON). A call still
+    unfinished is written ``interrupted`` or ``expired``, finished at
+    ``ended_at`` (the turn's end)."""
     dump = json.dumps
     status = _UNFINISHED.get(r.status, r.status)
     finished = r.ended_at if status == r.status else ended_at
-    parts = ['{"seq":', str(r.seq), ',"tool_name":', dump(r.tool_name, ensure_ascii=False), ',"status":',
-             dump(status)]
-    if r.args_json is not None:
-        parts += [',"args":', r.args_json]
-    parts += [',"args_digest":', dump(r.args_digest), ',"args_preview":', dump(r.args_preview, ensure_ascii=False)]
     if r.result_json is not None:
-        parts += [',"result":', r.result_json]
-    parts += [',"result_digest":', dump(r.result_digest), ',"result_preview":',
-              dump(r.result_preview, ensure_ascii=False), ',"error":', r.error_json or "null",
-              ',"approval":', r.approval_json or "null",
-              ',"started_at":', dump(_iso(r.started_at)), ',"ended_at":', dump(_iso(finished)), "}"]
-    return "".join(parts)
+        result = r.result_json
+    elif r.error_json is not None:
+        result = '{"error":' + r.error_json + "}"
+    else:
+        result = "null"
+    return "".join([
+        '{"seq":', str(r.seq), ',"tool_name":', dump(r.tool_name, ensure_ascii=False), ',"status":', dump(status),
+        ',"args":', "null" if r.args_json is None else r.args_json, ',"args_digest":', dump(r.args_digest),
+        ',"args_preview":', dump(r.args_preview, ensure_ascii=False),
+        ',"result":', result, ',"result_digest":', dump(r.result_digest),
+        ',"result_preview":', dump(r.result_preview, ensure_ascii=False),
+        ',"approval":', "null" if r.approval_json is None else r.approval_json,
+        ',"started_at":', dump(_iso(r.started_at)), ',"finished_at":', dump(_iso(finished)), "}"])
 
 
 class ToolCalls:

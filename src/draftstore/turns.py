@@ -73,6 +73,7 @@ def turn_record(r: Any, calls: tuple[Any, ...] = ()) -> Turn:
         error=r.error_json, partial_response=r.partial_response_json, start_root=r.start_root,
         end_root=r.end_root, started_at=aware(r.started_at), ended_at=aware(r.ended_at),  # type: ignore[arg-type]
         tool_calls=calls, end_reason=None if r.end_reason is None else TurnEndReason(r.end_reason),
+        reverted_at=aware(r.reverted_at), reverted_by=r.reverted_by,
     )
 
 
@@ -164,9 +165,10 @@ class Turns:
 
     @staticmethod
     def _check_continued(conn: Connection, turn_id: str, draft_id: str) -> None:
-        """The turn a continue names must be an ended turn of the draft it continues."""
-        row = conn.execute(sa.select(T.c.draft_id, T.c.status).where(T.c.id == turn_id)).first()
-        if row is None or row.draft_id != draft_id:
+        """The turn a continue names must be an ended turn of the draft it continues, not reverted
+        out of it (a reverted turn's work is no longer in the draft)."""
+        row = conn.execute(sa.select(T.c.draft_id, T.c.status, T.c.reverted_at).where(T.c.id == turn_id)).first()
+        if row is None or row.draft_id != draft_id or row.reverted_at is not None:
             raise E.TurnConflict(f"turn {turn_id} is not a turn of the project's draft {draft_id}",
                                  turn_id=turn_id, draft_id=draft_id)
         if row.status == _RUNNING:

@@ -1,4 +1,4 @@
-"""Projects and their refs: ``projects``, ``log``, ``publish``, ``discard``, ``rollback``, ``fork``."""
+"""Projects and their refs: ``projects``, ``log``, ``publish``, ``discard``, ``revert``, ``rollback``, ``fork``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from ..paging import MAX_LIMIT
-from ..records import Page
+from ..records import HeadMoveReason, Page
 from .output import clip, echo, emit_json, message_text, table, took, when
 from .root import Ids, actor, json_option, main, open_store
 
@@ -68,12 +68,13 @@ def log_cmd(project: str, last: int | None, as_json: bool) -> None:
             clip(v.summary)) for v in versions], title="versions (* = head)")
     echo()
     table(("at", "reason", "from", "to", "by"),
-          [(when(m.at), m.reason, m.from_version_id, m.to_version_id, clip(m.actor, 30) or "-") for m in moves],
-          title="head moves")
+          [(when(m.at), m.reason, *(("draft", f"start of turn {m.turn_id}") if m.reason == HeadMoveReason.REVERT
+                                    else (m.from_version_id, m.to_version_id)), clip(m.actor, 30) or "-")
+           for m in moves], title="head moves (a revert leaves head: the draft went back to the turn's start)")
     echo()
     table(("#", "turn", "status", "started", "took", "user message"),
-          [(t.number, t.id, t.status, when(t.started_at), took(t.started_at, t.ended_at),
-            clip(message_text(t.user_message))) for t in turns], title="turns")
+          [(t.number, t.id, f"{t.status} (reverted)" if t.reverted_at else t.status, when(t.started_at),
+            took(t.started_at, t.ended_at), clip(message_text(t.user_message))) for t in turns], title="turns")
 
 
 @main.command("publish")
@@ -100,6 +101,26 @@ def discard(project: str, yes: bool) -> None:
                           abort=True, err=True)
         d = store.discard_draft(project_id, actor=actor())
     echo(f"discarded draft {d.id}; {project_id} is back at its head")
+
+
+@main.command("revert")
+@click.argument("project")
+@click.option("--to-turn", "to_turn", required=True, metavar="TURN",
+              help="the turn whose start the draft goes back to (that turn and the later ones are undone)")
+@json_option
+def revert(project: str, to_turn: str, as_json: bool) -> None:
+    """Revert the project's draft to the start of TURN (the undone turns stay, marked reverted)."""
+    with open_store() as store:
+        ids = Ids(store)
+        project_id = ids.project(project)
+        turn_id = ids.turn(to_turn, project_id)
+        draft = store.revert_draft(project_id, turn_id, actor=actor())
+        number = store.get_turn(turn_id, tool_calls=False).number
+    if as_json:
+        emit_json(draft)
+        return
+    echo(f"draft {draft.id} of {project_id} is back at the start of turn {number} {turn_id} "
+         f"({draft.file_count} files); turns from {number} on are marked reverted")
 
 
 @main.command("rollback")

@@ -12,6 +12,10 @@ JSON documents (characters, world settings, messages, partial responses, the
 compacted tool history) are JSONB on PostgreSQL, so admins can query them in
 SQL, and JSON (text) on SQLite.
 
+Column names are the design's (``characters_state_json``, ``worldsettings_state_json``,
+``e2b_snapshot_ref``, ...), so SQL written from the design runs as it is; where the
+Python attribute is shorter, the column's ``key`` keeps it (README maps the names).
+
 ``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``SB``, ``H``, ``K`` are the tables, for
 the components that own their SQL.
 """
@@ -55,10 +59,22 @@ def _ts(nullable: bool = False) -> sa.Column:
     return sa.Column(sa.DateTime(timezone=True), nullable=nullable)
 
 
-def _json(nullable: bool) -> sa.Column:
+def _json(nullable: bool, name: str | None = None, key: str | None = None) -> sa.Column:
     # none_as_null: Python None is SQL NULL ("not set"), never the JSON literal null
-    return sa.Column(sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql"),
-                     nullable=nullable)
+    json = sa.JSON(none_as_null=True).with_variant(JSONB(none_as_null=True), "postgresql")
+    if name is None:
+        return sa.Column(json, nullable=nullable)
+    return sa.Column(name, json, key=key, nullable=nullable)
+
+
+# The design names these columns; Python keeps the shorter attribute (``key``), so
+# ``V.c.characters_json`` is the column ``characters_state_json`` in every statement.
+def _characters() -> sa.Column:
+    return _json(False, "characters_state_json", "characters_json")
+
+
+def _world_settings() -> sa.Column:
+    return _json(False, "worldsettings_state_json", "world_settings_json")
 
 
 ID = 32  # uuid4 hex
@@ -88,8 +104,8 @@ class VersionRow(SQLModel, table=True):
     parent_version_id: str | None = Field(default=None, max_length=ID)
     code_manifest_key: str = Field(max_length=DIGEST)  # the code tree's root
     file_count: int = 0
-    characters_json: Any = Field(sa_column=_json(False))
-    world_settings_json: Any = Field(sa_column=_json(False))
+    characters_json: Any = Field(sa_column=_characters())
+    world_settings_json: Any = Field(sa_column=_world_settings())
     summary: str = Field(default="", sa_column=sa.Column(sa.Text, nullable=False))
     created_by_turn_id: str | None = Field(default=None, max_length=ID)
     created_by: str | None = Field(default=None, max_length=NAME)
@@ -116,8 +132,8 @@ class DraftRow(SQLModel, table=True):
     status: str = Field(max_length=16)
     code_manifest_key: str = Field(max_length=DIGEST)  # the tree root as of the last seal
     file_count: int = 0
-    characters_json: Any = Field(sa_column=_json(False))
-    world_settings_json: Any = Field(sa_column=_json(False))
+    characters_json: Any = Field(sa_column=_characters())
+    world_settings_json: Any = Field(sa_column=_world_settings())
     revision: int = 0
     last_turn_id: str | None = Field(default=None, max_length=ID)
     partial_response_json: Any = Field(default=None, sa_column=_json(True))
@@ -129,6 +145,11 @@ class DraftRow(SQLModel, table=True):
     closed_by: str | None = Field(default=None, max_length=NAME)
     published_version_id: str | None = Field(default=None, max_length=ID)
     snapshot_id: str | None = Field(default=None, max_length=ID)  # its latest sandbox snapshot
+    # when any statement last changed the row: SQLAlchemy sets it on every INSERT and
+    # UPDATE of this table that does not set it itself (every change to a draft goes
+    # through ``D.update()``), so no code path can forget it
+    updated_at: datetime = Field(sa_column=sa.Column(sa.DateTime(timezone=True), nullable=False,
+                                                     default=utcnow, onupdate=utcnow))
 
 
 class DraftChangeRow(SQLModel, table=True):
@@ -182,6 +203,10 @@ class TurnRow(SQLModel, table=True):
     end_state_digest: str | None = Field(default=None, max_length=DIGEST)
     started_at: datetime = Field(sa_column=_ts())
     ended_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    # set when an admin reverted the draft to this turn's start or an earlier one: the row
+    # stays for the record, its changes no longer stand (and it leaves the resume context)
+    reverted_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    reverted_by: str | None = Field(default=None, max_length=NAME)
 
 
 class ToolCallRow(SQLModel, table=True):
@@ -219,7 +244,9 @@ class SnapshotRow(SQLModel, table=True):
     # pending | ready | failed | stale
     status: str = Field(max_length=16)
     bundle_key: str | None = Field(default=None, max_length=DIGEST)  # the tar+zstd bundle's digest
-    external_ref: str | None = Field(default=None, max_length=1024)  # e.g. a sandbox provider's snapshot id
+    # e.g. a sandbox provider's snapshot id (the design's name; ``S.c.external_ref`` in Python)
+    external_ref: str | None = Field(default=None, sa_column=sa.Column(
+        "e2b_snapshot_ref", sa.String(1024), key="external_ref", nullable=True))
     files: int = 0
     size_bytes: int = Field(default=0, sa_column=sa.Column(sa.BigInteger, nullable=False))
     error: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
@@ -294,7 +321,7 @@ class HeadMoveRow(SQLModel, table=True):
     project_id: str = Field(foreign_key="project.id", index=True, max_length=ID)
     from_version_id: str | None = Field(default=None, max_length=ID)
     to_version_id: str | None = Field(default=None, max_length=ID)
-    # create | publish | rollback
+    # create | publish | rollback | revert (head stays: the draft went back to turn_id's start)
     reason: str = Field(max_length=16)
     actor: str | None = Field(default=None, max_length=NAME)
     turn_id: str | None = Field(default=None, max_length=ID)

@@ -50,7 +50,7 @@ OPERATION_IDS = {
     # projects, drafts, versions
     "create_project": "projects_create", "list_projects": "projects_list", "get_project": "projects_get",
     "diff": "projects_diff", "publish": "projects_publish", "rollback": "projects_rollback",
-    "fork": "projects_fork", "get_draft": "drafts_get", "discard": "drafts_discard",
+    "fork": "projects_fork", "get_draft": "drafts_get", "discard": "drafts_discard", "revert": "drafts_revert",
     "list_versions": "versions_list", "get_version": "versions_get", "list_head_moves": "head_moves_list",
     # reads through a view
     "state": "view_state", "read_file": "view_read_file", "stat": "view_stat", "list_dir": "view_list_dir",

@@ -120,6 +120,12 @@ class Rollback(Body):
     actor: str | None = None
 
 
+class Revert(Body):
+    to_turn_id: str = Field(description="the turn whose start the draft goes back to; it and the later turns "
+                                        "of the draft are marked reverted")
+    actor: str | None = None
+
+
 class Fork(Body):
     name: str
     version_id: str | None = Field(None, description="default: the project's head")

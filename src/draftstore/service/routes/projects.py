@@ -10,10 +10,11 @@ from fastapi import APIRouter, Query
 from ... import errors as E
 from ... import paging
 from ...diff import Diff
-from ...records import Draft, HeadMove, Page, Project, Version
+from ...records import Draft, HeadMove, HeadMoveReason, Page, Project, Role, Version
 from ..auth import ADMIN, AGENT, ANY, Allow, Principal, StoreDep, project_scope
 from ..responses import JSON
-from ..schemas import Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Rollback, decode_files
+from ..schemas import (Actor, CreateProject, Cursor, Fork, Limit, ProjectDetail, Publish, Revert, Rollback,
+                       decode_files)
 from .states import observer_ref
 
 router = APIRouter(prefix="/v1", tags=["projects"])
@@ -91,7 +92,10 @@ def get_version(project_id: str, version_id: str, store: StoreDep, principal: Pr
 def list_head_moves(project_id: str, store: StoreDep, cursor: Cursor = None, limit: Limit = None,
                     order: Order = "oldest", principal: Principal = Allow(*ANY)) -> JSON:
     project_scope(principal, project_id)
-    return JSON(store.page_head_moves(project_id, cursor, limit, newest_first=order == "newest"))
+    page = store.page_head_moves(project_id, cursor, limit, newest_first=order == "newest")
+    if principal.role == Role.OBSERVER:  # a revert is of the draft (and names a draft turn): never shown to one
+        page = Page([m for m in page.items if m.reason != HeadMoveReason.REVERT], page.next_cursor)
+    return JSON(page)
 
 
 @router.get("/projects/{project_id}/diff", response_model=Diff, response_class=JSON)
@@ -117,6 +121,14 @@ def discard(project_id: str, store: StoreDep, body: Actor | None = None,
             principal: Principal = Allow(*ADMIN)) -> JSON:
     project_scope(principal, project_id)
     return JSON(store.discard_draft(project_id, actor=(body.actor if body else None) or principal.actor))
+
+
+@router.post("/projects/{project_id}/draft/revert", response_model=Draft, response_class=JSON)
+def revert(project_id: str, body: Revert, store: StoreDep, principal: Principal = Allow(*ADMIN)) -> JSON:
+    """Undo the draft's turns from ``to_turn_id`` on: files, characters and world settings
+    become that turn's start state; the undone turns stay, marked reverted."""
+    project_scope(principal, project_id)
+    return JSON(store.revert_draft(project_id, body.to_turn_id, actor=body.actor or principal.actor))
 
 
 @router.post("/projects/{project_id}/rollback", response_model=Project, response_class=JSON)

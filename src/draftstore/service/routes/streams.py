@@ -84,7 +84,7 @@ MAX_RETRY_S = 2.0  # longest wait between attempts to reach an unreachable coord
 BATCH = 500
 PROJECT_REBUILD = 1000  # a project stream rebuilt from the database: its newest committed events
 TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
-COMMITTED = {"version.published", "head.moved", "draft.discarded"}
+COMMITTED = {"version.published", "head.moved", "draft.discarded", "draft.reverted"}
 PUBLISHED = {"version.published", "head.moved"}  # what an observer may learn: no draft, ever
 
 

@@ -196,7 +196,9 @@ export async function projectPage(main, ctx, projectId) {
     if (err || ctx.signal.aborted) return;
     const rows = [...page.items].reverse().map((t) => h("tr", {dataset: {turn: t.id}},
       h("td", h("a", {href: `#/t/${enc(t.id)}`}, `#${t.number}`)),
-      h("td", badge(t.status), t.end_reason ? h("span.muted", ` ${t.end_reason}`) : null),
+      h("td", badge(t.status), t.end_reason ? h("span.muted", ` ${t.end_reason}`) : null,
+        // undone by a revert of the draft: the record stays, its changes do not
+        t.reverted_at ? [" ", h("span", {class: "reverted", title: `reverted ${when(t.reverted_at)}${t.reverted_by ? ` by ${t.reverted_by}` : ""}`}, badge("reverted", "revert"))] : null),
       h("td.msg", preview(messageText(t.user_message), 100)),
       h("td", t.actor || ""),
       h("td", when(t.started_at)),
@@ -215,7 +217,9 @@ export async function projectPage(main, ctx, projectId) {
     const rows = [...page.items].reverse().map((m) => h("tr", {dataset: {reason: m.reason}},
       h("td", when(m.at)),
       h("td", badge(m.reason)),
-      h("td", m.from_version_id ? numberOf(m.from_version_id) : "—", " → ", m.to_version_id ? numberOf(m.to_version_id) : "—"),
+      m.reason === "revert" // head stays: the draft went back to the start of the turn
+        ? h("td", "draft → start of turn")
+        : h("td", m.from_version_id ? numberOf(m.from_version_id) : "—", " → ", m.to_version_id ? numberOf(m.to_version_id) : "—"),
       h("td", m.actor || ""),
       h("td", m.turn_id ? turnRef(m.turn_id) : "")));
     replace(movesBox, h("table", {id: "moves-table"},
