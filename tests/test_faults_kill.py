@@ -361,8 +361,10 @@ class Ledger:
             if "result" in want:
                 result = store.read_payload(got.result_digest) if got.result_offloaded else got.result
                 assert (got.status, result) == ("completed", want["result"]), f"{where}: tool call {seq} of {turn}"
-            else:  # its completion was not acknowledged: it may or may not have committed
-                assert got.status in ("started", "completed"), f"{where}: tool call {seq} of {turn} is {got.status}"
+            else:  # its completion was not acknowledged: it may or may not have committed (if not, the
+                # turn's end, the sweep's reap of the dead worker's turn, made it interrupted)
+                assert got.status in ("started", "interrupted", "completed"), \
+                    f"{where}: tool call {seq} of {turn} is {got.status}"
         self.fresh_files.clear()
         self.fresh_calls.clear()
         return len(paths), len(keys)
