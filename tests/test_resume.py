@@ -261,6 +261,15 @@ def test_a_backend_continues_over_http_and_gets_the_context_in_the_same_answer(s
     assert [(t["id"], t["partial_response"]) for t in turns] == [(t1["id"], {"text": "half"})]
     assert [(x["status"], x["unfinished"]) for x in turns[0]["tool_calls"]] == [("interrupted", True)]
     assert c.get(f"/v1/turns/{t2['id']}/resume-context").json() == t2["context"]
+    # an offloaded arg comes as digest and preview; the payload route answers it whole
+    big = {"content": "x" * (service.store.limits.inline_payload_bytes + 10)}
+    seq = c.post(f"/v1/turns/{t2['id']}/tool-calls", json={"tool_name": "write_file", "args": big}).json()["seq"]
+    listed = c.get(f"/v1/turns/{t2['id']}/tool-calls").json()["items"][0]
+    assert listed["args"] is None and listed["args_digest"] is not None
+    whole = c.get(f"/v1/turns/{t2['id']}/tool-calls/{seq}/payload", params={"part": "args"})
+    assert whole.status_code == 200 and whole.json() == {"seq": seq, "part": "args", "value": big}
+    r = c.get(f"/v1/turns/{t2['id']}/tool-calls/{seq + 1}/payload")
+    assert (r.status_code, r.json()["code"]) == (404, "toolcall.not_found")
     paged = c.get(f"/v1/turns/{t2['id']}/resume-context", params={"max_turns": 1}).json()
     assert (paged["truncated"], paged["cursor"]) == (False, None)
 

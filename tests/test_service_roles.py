@@ -164,6 +164,7 @@ ROUTES: list[Route] = [
     R("GET", f"{P}/turns", TURN_READERS, 200),
     R("GET", T, TURN_READERS, 200),
     R("GET", f"{T}/tool-calls", TURN_READERS, 200),
+    R("GET", f"{T}/tool-calls/{{seq}}/payload", TURN_READERS, 200, url=f"{T}/tool-calls/1/payload?part=args"),
     R("GET", f"{T}/resume-context", AGENT, 200, why="rebuilding a model's context reads unpublished work"),
     R("GET", f"{T}/events", TURN_READERS, 200, headers=EVENTS_PAGE, why="a turn's stream"),
     R("POST", f"{T}/complete", AGENT, 200, json={"assistant_message": "done"}),

@@ -372,6 +372,12 @@ class Store:
         """An offloaded tool-call payload (``args_digest`` / ``result_digest``), decoded."""
         return self._toolcalls.read_payload(digest)
 
+    def tool_call_payload(self, turn_id: str, seq: int, part: str) -> Any:
+        """The whole ``args`` or ``result`` (``part``) of call ``seq`` of the turn, decoded,
+        whether inline or offloaded (None: no result yet, or none). Reads only. Raises
+        ``turn.not_found``, ``toolcall.not_found``, ``input.invalid``."""
+        return self._toolcalls.payload(turn_id, seq, part)
+
     # ------------------------------------------------------------------ writes
     def write_file(self, turn_id: str, path: str, data: bytes | str, *, executable: bool = False) -> None:
         """Write one file into the draft of a running turn.

@@ -244,6 +244,25 @@ class ToolCalls:
     def read_payload(self, digest: str) -> Any:
         return json.loads(self.b.blobs.get(Digest(digest)).decode("utf-8"))
 
+    def payload(self, turn_id: str, seq: int, part: str) -> Any:
+        """The whole ``args`` or ``result`` of one call, inline or offloaded: reached through
+        the turn (whose readers may read it), never by a bare digest, which would let a
+        reader of one project name another's payload."""
+        check.turn_id(turn_id)
+        seq = check.seq(turn_id, seq)
+        if part not in ("args", "result"):
+            raise E.InvalidInput('part is "args" or "result"', field="part")
+        with self.b.tx(read_only=True) as conn:
+            turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
+            if turn is None:
+                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            calls, _ = self.read(conn, turn, seq - 1, 1)
+        if not calls or calls[0].seq != seq:
+            raise E.ToolCallNotFound(f"turn {turn_id} has no tool call {seq}", turn_id=turn_id, seq=seq)
+        call = calls[0]
+        digest = call.args_digest if part == "args" else call.result_digest
+        return self.read_payload(digest) if digest is not None else getattr(call, part)
+
     # -- compaction and reading -------------------------------------------------------------
     def compact(self, conn: Connection, turn_id: str, ended_at: datetime) -> check.JSONText:
         """Within the transaction that ends the turn (at ``ended_at``): the history

@@ -44,6 +44,7 @@ OPERATION_IDS = {
     "heartbeat": "turns_heartbeat", "delta": "turns_append_delta",
     "patch_characters": "turns_patch_characters", "patch_world_settings": "turns_patch_world_settings",
     "tool_started": "tool_calls_start", "list_tool_calls": "tool_calls_list",
+    "tool_call_payload": "tool_calls_payload",
     "tool_completed": "tool_calls_complete", "tool_failed": "tool_calls_fail", "approval": "tool_calls_decide",
     "write_file": "files_write", "delete_file": "files_delete", "apply_changes": "files_apply_changes",
     "move_file": "files_move",

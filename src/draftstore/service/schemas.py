@@ -194,6 +194,14 @@ class EventPage(BaseModel):
     next_before: int = Field(..., description="``before`` for the next page backwards")
 
 
+class Payload(BaseModel):
+    """The whole args or result of one tool call (``GET .../tool-calls/{seq}/payload``)."""
+
+    seq: int
+    part: Literal["args", "result"]
+    value: Any = None
+
+
 class Health(BaseModel):
     status: Literal["ok"]
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
 from pydantic import JsonValue
@@ -14,8 +14,8 @@ from ... import errors as E
 from ...records import ContinuedTurn, Draft, Page, ResumeContext, ToolCall, Turn
 from ..auth import AGENT, DECIDERS, TURN_READERS, Allow, Principal, StoreDep, project_scope, turn_scope
 from ..responses import JSON
-from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, StartTurn, ToolComplete,
-                       ToolFail, ToolStart, TurnDetail, decode_files)
+from ..schemas import (Approval, Changes, Complete, Delta, Fail, Interrupt, Move, Patch, Payload, StartTurn,
+                       ToolComplete, ToolFail, ToolStart, TurnDetail, decode_files)
 from .projects import Cursor, Limit, Order
 
 router = APIRouter(prefix="/v1", tags=["turns"])
@@ -189,6 +189,16 @@ def list_tool_calls(turn_id: str, request: Request, store: StoreDep, cursor: Cur
                     principal: Principal = Allow(*TURN_READERS)) -> JSON:
     _scoped(request, principal, store, turn_id)
     return JSON(store.page_tool_calls(turn_id, cursor, limit))
+
+
+@router.get("/turns/{turn_id}/tool-calls/{seq}/payload", response_model=Payload, response_class=JSON)
+def tool_call_payload(turn_id: str, seq: int, request: Request, store: StoreDep,
+                      part: Annotated[Literal["args", "result"], Query()] = "args",
+                      principal: Principal = Allow(*TURN_READERS)) -> JSON:
+    """The whole args or result of a call, inline or offloaded: how a backend reads what a
+    tool call or a resume context shows only as digest and preview."""
+    _scoped(request, principal, store, turn_id)
+    return JSON({"seq": seq, "part": part, "value": store.tool_call_payload(turn_id, seq, part)})
 
 
 def _summary(turn: Turn) -> dict[str, Any]:
