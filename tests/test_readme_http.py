@@ -1,7 +1,7 @@
-"""The README's curl walk-through of the HTTP service runs as written.
+"""The HTTP guide's curl walk-through of the service runs as written.
 
 The block (from ``S=http://127.0.0.1:8765`` to the search) is taken from
-README.md and run by bash against a real service, with a token and in open
+docs/http.md and run by bash against a real service, with a token and in open
 mode; only the address changes, the stream is cut after a moment and ``jq``
 (not on every machine) is stood in for by Python; the block makes its own files. Every step must answer
 2xx, and the end state must be what the walk-through says.
@@ -19,13 +19,13 @@ from pathlib import Path
 
 from service_fixtures import Service
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+HTTP_GUIDE = Path(__file__).resolve().parent.parent / "docs" / "http.md"
 
 
 def _walkthrough() -> str:
-    text = README.read_text()
+    text = HTTP_GUIDE.read_text()
     m = re.search(r"^S=http://127\.0\.0\.1:8765;.*?view/search\?q=DRAGON\"\n", text, re.S | re.M)
-    assert m, "the README's curl walk-through is gone"
+    assert m, "the curl walk-through in docs/http.md is gone"
     return m.group(0)
 
 
