@@ -51,7 +51,7 @@ process's records now run as one transaction at a time instead of one per
 waiting record (the number of WAL flushes hardly changed; the time spent in
 them fell by about a third); the records themselves wait longer, since one
 that arrives while a group runs waits for that group's round trip before its
-own. The README's benchmark section has the figures.
+own. docs/benchmarks.md has the current figures.
 """
 
 from __future__ import annotations

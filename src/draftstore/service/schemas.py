@@ -150,7 +150,7 @@ class Whoami(BaseModel):
 class Error(BaseModel):
     """The body of every error answer (``service/errors.py``), whatever its status."""
 
-    code: str = Field(..., description="the library's stable error code, e.g. turn.not_running (README: Errors)")
+    code: str = Field(..., description="the library's stable error code, e.g. turn.not_running (docs/concepts.md: Errors)")
     message: str = Field(..., description="what went wrong, for a person")
     details: dict[str, Any] = Field(..., description="the error's fields (ids, limits, the invalid fields)")
     retryable: bool = Field(..., description="true: the same request may succeed later unchanged")

@@ -9,7 +9,7 @@ loop's ``call_soon_threadsafe``. Starlette's ``run_in_threadpool`` (anyio's
 checkpoints around each call, and asyncio's ``run_in_executor`` with a
 ``concurrent.futures`` future chained to the asyncio one (locks, conditions
 and callbacks on both sides); on the agent's hottest requests each cost a
-measurable share of the service's CPU per request (see bench/README.md, History of runs).
+measurable share of the service's CPU per request (measured in runs that bench/README.md's git history keeps).
 
 Two pools, so one kind of work cannot hold up the other (bulkheads):
 
