@@ -335,7 +335,7 @@ def test_redis_flushed_then_killed_and_restarted_mid_turn_loses_no_truth_and_nev
         # grace over: the live worker beat into the new state, the abandoned one did not
         sleep_until_epoch(since + ttl + 0.3)
         assert alive(live) and not alive(dead)
-        assert sweeper.sweep() == {"turns_reaped": 1, "turns_failed": 0, "publishing_released": 0}
+        assert sweeper.sweep() == {"turns_reaped": 1, "turns_failed": 0, "publishing_released": 0, "sandboxes_lost": 0}
         assert worker.get_turn(live.id, tool_calls=False).status == "running"
 
         # 2. kill -9: the turn goes on (writes, tool calls, patches, beats); a sweep reaps nobody
@@ -343,7 +343,7 @@ def test_redis_flushed_then_killed_and_restarted_mid_turn_loses_no_truth_and_nev
         started = time.monotonic()
         ledger.step("redis-down")
         worker.heartbeat(live.id)  # the beat is lost, the call is not refused
-        assert sweeper.sweep() == {"turns_reaped": 0, "turns_failed": 0, "publishing_released": 0}
+        assert sweeper.sweep() == {"turns_reaped": 0, "turns_failed": 0, "publishing_released": 0, "sandboxes_lost": 0}
         down_s = time.monotonic() - started
         assert down_s < MAX_FAIL_S, down_s
 
