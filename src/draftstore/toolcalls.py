@@ -173,8 +173,10 @@ class ToolCalls:
             raise self._why_not(turn_id, None)
         seq = row[0]
         self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
-        return ToolCall(turn_id, seq, tool_name, status, None if args_digest else args, args_digest,
-                        args_preview, None, None, None, None, now, None)
+        return ToolCall(turn_id=turn_id, seq=seq, tool_name=tool_name, status=status,
+                        args=None if args_digest else args, args_digest=args_digest, args_preview=args_preview,
+                        result=None, result_digest=None, result_preview=None, error=None,
+                        started_at=now, ended_at=None)
 
     def decide(self, turn_id: str, seq: int, approved: bool, reason: Any, actor: str | None) -> ToolCall:
         """Record the approval decision of a call awaiting one: approved, it is
