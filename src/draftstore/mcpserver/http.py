@@ -154,7 +154,7 @@ class McpHttpApp:
         if turn_id is not None:
             owner = await run_in_threadpool(app.state.turn_projects.project_of, store, turn_id)
             if owner != project_id:
-                raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id, project_id)
         return AgentTools(store, project_id, turn_id, self.bounds)
 
 
