@@ -1,13 +1,11 @@
 """HTTP errors: the FastAPI handlers that answer every failure through ``wire``
-(the one table from the library's typed errors to HTTP statuses, shared with
-the MCP endpoint).
+(the one table from the library's typed errors to statuses and bodies, shared
+with the MCP endpoint; the body is ``schemas.Error`` in ``/openapi.json``).
 
-Every error body is ``{"code", "message", "details", "retryable"}`` (the
-``Error`` schema of ``/openapi.json``, ``schemas.Error``) with the library's stable code; ``retryable`` says the same request may succeed later
-unchanged (a backend came back, a lock was freed). Request bodies and parameters FastAPI cannot parse are
-``input.invalid`` (422); an unknown route is ``route.not_found`` (404). An
-unexpected exception is logged and answered ``internal`` (500) without its
-text, so a traceback never reaches a client.
+Request bodies and parameters FastAPI cannot parse are ``input.invalid``
+(422); an unknown route is ``route.not_found`` (404). An unexpected exception
+is logged and answered ``internal`` (500) without its text, so a traceback
+never reaches a client.
 """
 
 from __future__ import annotations
@@ -20,16 +18,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from .. import errors as E
-from ..wire import (
-    INTERNAL_CODE,
-    INTERNAL_MESSAGE,
-    STATUS,
-    error_response,
-    exception_response,
-    status_of,
-)
+from ..wire import INTERNAL_CODE, INTERNAL_MESSAGE, error_response, exception_response
 
-__all__ = ["STATUS", "error_response", "install", "status_of"]
+__all__ = ["error_response", "install"]
 
 log = logging.getLogger("draftstore.service")
 
