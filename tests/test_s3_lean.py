@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -229,7 +228,6 @@ def test_the_read_pool_threads_hold_open_connections_from_the_start(real_s3: Any
         assert isinstance(blobs, S3BlobStore) and blobs._reader is not None
         d = blobs.put(b"read on the read pool")
         before = blobs._reader.open_connections()
-        with ThreadPoolExecutor(8) as pool:
-            got = list(pool.map(lambda _: blobs.get(d), range(8)))
+        got = store._b.in_parallel(lambda _: blobs.get(d), list(range(8)))
         assert got == [b"read on the read pool"] * 8
         assert blobs._reader.open_connections() == before
