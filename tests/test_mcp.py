@@ -287,6 +287,33 @@ def test_http_refuses_observers_other_projects_and_their_turns(service: Service)
     assert httpx.get(f"{service.url}/openapi.json").json()["paths"].keys() >= {"/v1/projects"}
 
 
+def test_the_mcp_endpoint_answers_errors_without_loading_the_http_service() -> None:
+    # one error table below both front doors: the MCP endpoint reaches it without
+    # pulling in the HTTP service (FastAPI routes, auth, admin pages) it sits beside
+    import subprocess
+
+    probe = ("import sys, draftstore.mcpserver, draftstore.mcpserver.http, draftstore.mcpserver.server\n"
+             "print(sorted(m for m in sys.modules if m.startswith('draftstore.service')))")
+    run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "[]", run.stdout
+
+
+def test_a_refused_request_reads_the_same_through_the_mcp_endpoint_and_the_http_api(service: Service) -> None:
+    project_id = new_project(service.store)
+    initialize = {"jsonrpc": "2.0", "id": 1, "method": "initialize",
+                  "params": {"protocolVersion": "2025-11-25", "capabilities": {},
+                             "clientInfo": {"name": "tests", "version": "1"}}}
+    for secret in (None, "dst_not_a_token"):
+        client = service.client(token=secret)
+        mcp = client.post(f"/mcp/projects/{project_id}", json=initialize,
+                          headers={"accept": "application/json, text/event-stream"})
+        api = client.get(f"/v1/projects/{project_id}")
+        assert mcp.status_code == api.status_code == 401
+        assert mcp.json() == api.json(), (mcp.text, api.text)
+        assert mcp.headers["www-authenticate"] == api.headers["www-authenticate"] == "Bearer"
+
+
 def test_http_open_mode_serves_loopback_hosts_and_origins_only(service_factory: Any) -> None:
     svc = service_factory(with_admin=False)  # no token exists: open loopback mode, every client an admin
     project_id = new_project(svc.store)

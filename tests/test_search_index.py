@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import re
+from array import array
 from contextlib import ExitStack
 from typing import Any
 from unittest import mock
@@ -41,7 +42,7 @@ from draftstore import view as view_module
 from draftstore.db.tables import PK
 from draftstore.digest import Digest, digest_of
 from draftstore.search import Searcher
-from draftstore.searchindex import IndexDirectory, IndexObjects, SearchIndex, build_index, required_trigrams
+from draftstore.searchindex import IndexDirectory, IndexObjects, SearchIndex, required_trigrams
 
 KELVIN = "\u212a"  # KELVIN SIGN: RE2 folds it with k and K
 LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
@@ -71,7 +72,7 @@ def outcome(view: Any, pattern: str, **kw: Any) -> tuple[str, Any]:
 
 def index_admits(pattern: str, regex: bool, ignore_case: bool, text: bytes) -> bool:
     """Would a one-file index holding ``text`` list that file as a candidate?"""
-    idx = SearchIndex.decode(build_index([("f", digest_of(text), text)]))
+    idx = SearchIndex.decode(encode_index_v1([("f", digest_of(text), text)]))
     return "f" in idx.candidates(required_trigrams(pattern, regex, ignore_case))
 
 
@@ -204,6 +205,29 @@ def encode_pack_v1(objects: Any) -> tuple[bytes, list[tuple[str, int, int]]]:
     return b"DSPACK1\n" + zstandard.ZstdCompressor(level=3).compress(body), index
 
 
+def encode_index_v1(files: list[tuple[str, str, bytes]]) -> bytes:
+    """A search index as format 1 wrote it (one object): what an old store's packs
+    hold, and the reader (``SearchIndex``) must still serve. Trigrams of the
+    ASCII-lowercased content, 24-bit keys; a file with a NUL in its first 8 KiB
+    (binary) has none."""
+    postings: dict[int, list[int]] = {}
+    for n, (_, _, data) in enumerate(files):
+        low = b"" if b"\x00" in data[:8192] else data.lower()
+        for key in sorted({(low[i] << 16) | (low[i + 1] << 8) | low[i + 2] for i in range(len(low) - 2)}):
+            postings.setdefault(key, []).append(n)
+    keys = sorted(postings)
+    offsets = [0]
+    for key in keys:
+        offsets.append(offsets[-1] + len(postings[key]))
+    width = 2 if len(files) < 65536 else 4
+    header = json.dumps({"files": [[path, digest] for path, digest, _ in files], "n": len(keys), "width": width},
+                        separators=(",", ":")).encode()
+    flat = [n for key in keys for n in postings[key]]
+    body = b"".join([len(header).to_bytes(8, "big"), header, array("I", keys).tobytes(),
+                     array("I", offsets).tobytes(), array("H" if width == 2 else "I", flat).tobytes()])
+    return b"DSIDX1\n" + zstandard.ZstdCompressor(level=3).compress(body)
+
+
 # how indexes are written: the production format 2; format 2 with tiny limits (no
 # inline posting list, a shard per trigram or two, a frame per object, a ranged read
 # per frame, one shard per query: every code path of a sharded index); line tables and
@@ -225,7 +249,7 @@ def index_shape(shape: str) -> ExitStack:
     elif shape == "v1":
         stack.enter_context(mock.patch.object(packing_module, "encode_pack", encode_pack_v1))
         stack.enter_context(mock.patch.object(
-            packing_module, "build_index_objects", lambda files, locations: IndexObjects(build_index(files), [], None)))
+            packing_module, "build_index_objects", lambda files, locations: IndexObjects(encode_index_v1(files), [], None)))
     return stack
 
 

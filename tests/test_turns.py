@@ -116,6 +116,30 @@ def test_completing_a_tool_call_twice_is_refused(store):
     assert only.status == "completed" and only.result == "first"
 
 
+def test_a_call_on_a_missing_or_ended_turn_is_refused_the_same_way_whatever_the_call(store):
+    p = new_project(store)
+    ended = store.start_turn(p.id, "x").id
+    store.complete_turn(ended, "done")
+    missing = "0" * 32
+    calls = {
+        "append_delta": lambda t: store.append_delta(t, "more text"),
+        "tool_started": lambda t: store.tool_started(t, "view_file", {"path": "main.py"}),
+        "write_file": lambda t: store.write_file(t, "new.py", "x = 1\n"),
+        "heartbeat": lambda t: store.heartbeat(t),
+        "complete_turn": lambda t: store.complete_turn(t, "done"),
+    }
+    for name, call in calls.items():
+        with pytest.raises(DraftstoreError) as gone:
+            call(missing)
+        assert (gone.value.code, gone.value.details) == ("turn.not_found", {"turn_id": missing}), name
+        assert gone.value.message == f"no turn {missing!r}", name
+        with pytest.raises(TurnNotRunning) as over:
+            call(ended)
+        assert over.value.details == {"turn_id": ended, "status": "completed"}, name
+        assert over.value.message.startswith(f"turn {ended} is completed; "), name
+    assert store.view(p.id).file("new.py") is None and store.get_turn(ended).tool_calls == ()
+
+
 def test_each_turn_records_its_start_and_end_root(store):
     p = new_project(store)
     head = store.get_version(p.current_version_id)

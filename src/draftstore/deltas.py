@@ -57,12 +57,10 @@ class Deltas:
         # elsewhere, by another process, a sweep or a discard, is refused at once
         with self.b.statement(read_only=True) as conn:
             status = conn.execute(self._status, {"turn_id": turn_id}).scalar()
-        if status is None:
-            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
         if status != TurnStatus.RUNNING:
-            self.forget(turn_id)
-            raise E.TurnNotRunning(f"turn {turn_id} is {status}; it takes no more text",
-                                   turn_id=turn_id, status=status)
+            if status is not None:
+                self.forget(turn_id)
+            raise E.turn_refused(turn_id, status, "it takes no more text")
         cap = self.b.limits.max_json_state_bytes // 2
         if self.b.coord.append_text(_text_key(turn_id), text, TEXT_TTL_S, cap) < 0:
             raise E.PayloadTooLarge("the turn's partial response is too large", field="text", limit=cap)

@@ -102,6 +102,8 @@ __all__ = [
     "BackendError",
     "BackendUnavailable",
     "SchemaOutdated",
+    "turn_not_found",
+    "turn_refused",
 ]
 
 
@@ -317,3 +319,20 @@ class BackendUnavailable(BackendError):
 
 class SchemaOutdated(BackendError):
     code = "schema.outdated"
+
+
+def turn_not_found(turn_id: str, project_id: str | None = None) -> TurnNotFound:
+    """The one way a ``turn.not_found`` reads: no turn ``turn_id`` (in ``project_id``,
+    when the caller looked only there)."""
+    where = "" if project_id is None else f" in project {project_id}"
+    return TurnNotFound(f"no turn {turn_id!r}{where}", turn_id=turn_id)
+
+
+def turn_refused(turn_id: str, status: str | None,
+                 why: str = "only a running turn may change its draft") -> TurnNotFound | TurnNotRunning:
+    """Why a turn refused a call only a running turn takes: ``turn.not_found``
+    (``status`` None: there is no such turn) or ``turn.not_running`` (it is
+    ``status``, named in the details); ``why`` ends the message."""
+    if status is None:
+        return turn_not_found(turn_id)
+    return TurnNotRunning(f"turn {turn_id} is {status}; {why}", turn_id=turn_id, status=status)

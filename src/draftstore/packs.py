@@ -51,7 +51,7 @@ import zstandard
 
 from .blobs import BlobStore, ObjectCache
 from .digest import Digest, digest_of
-from .errors import BlobNotFound, ChecksumMismatch, IntegrityError
+from .errors import ChecksumMismatch, IntegrityError
 
 __all__ = ["MAX_PACK_FILES", "MAX_PACK_BYTES", "MAX_PACKED_FILE", "FRAME_BYTES", "encode_pack", "Pack",
            "PackedObjects", "FrameLocation", "frame_locations", "open_frame"]
@@ -438,8 +438,5 @@ class PackedObjects:
                     out[d] = data
                     missing.remove(d)
         if missing:
-            try:
-                out.update(self.raw.get_many(missing))
-            except BlobNotFound:
-                raise
+            out.update(self.raw.get_many(missing))
         return out

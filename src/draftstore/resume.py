@@ -108,7 +108,7 @@ class Resume:
             turn = conn.execute(sa.select(T.c.id, T.c.project_id, T.c.draft_id, T.c.number, T.c.base_version_id)
                                 .where(T.c.id == turn_id)).first()
             if turn is None:
-                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id)
             rows = conn.execute(_not_reverted(
                 sa.select(T).where(T.c.draft_id == turn.draft_id, T.c.number < turn.number,
                                    T.c.number > (key[0] if key else 0))

@@ -57,7 +57,7 @@ class Reverting:
             turn = conn.execute(_BOUNDARY.where(T.c.id == to_turn_id)).first()
         if turn is None or turn.project_id != project_id:
             # another project's turn is not found, exactly as an unknown one: ids do not leak across projects
-            raise E.TurnNotFound(f"no turn {to_turn_id!r} in project {project_id}", turn_id=to_turn_id)
+            raise E.turn_not_found(to_turn_id, project_id)
         if turn.pruned_at is not None or turn.start_root is None or turn.start_state_digest is None:
             raise E.StateNotFound(f"turn {to_turn_id}'s start state is no longer kept", turn_id=to_turn_id)
         # read before any row is locked (a boundary's objects never change: no need to re-read under the lock)

@@ -94,7 +94,7 @@ class Sandboxes:
     @staticmethod
     def _turn_of(conn: Connection, project_id: str, turn_id: str) -> None:
         if conn.execute(sa.select(T.c.id).where(T.c.id == turn_id, T.c.project_id == project_id)).first() is None:
-            raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+            raise E.turn_not_found(turn_id, project_id)
 
     @staticmethod
     def _snapshot_of(conn: Connection, project_id: str, snapshot_id: Any) -> None:

@@ -9,7 +9,7 @@ case-insensitive searches; it can only add candidates, never lose one.
 Using only *some* of the required trigrams also only adds candidates: a
 query may leave out trigrams whose posting lists it would have to fetch.
 
-Format 2 (written now; ``build_sharded_index``): a small *directory* object
+Format 2 (written now; ``build_index_objects``): a small *directory* object
 plus *shard* objects, each content-addressed on its own, so a first query
 fetches only the directory and at most ``MAX_SHARDS_PER_QUERY`` shards::
 
@@ -31,7 +31,8 @@ is located by the frame of the pack that holds it (``packs.FrameLocation``),
 so a candidate's content is one ranged read of a frame checked against its
 hash, not the whole pack.
 
-Format 1 (still read; ``build_index``, ``SearchIndex``)::
+Format 1 (no longer written; read by ``SearchIndex`` because packs written before
+format 2 still hold such objects)::
 
     b"DSIDX1\\n" + zstd(8-byte header length + header JSON + trigrams + offsets + postings)
     header: {"files": [[relative path, digest], ...], "n": trigram count, "width": 2 or 4}
@@ -63,7 +64,7 @@ except ImportError:  # pragma: no cover
     import sre_constants  # type: ignore[no-redef]
     import sre_parse  # type: ignore[no-redef]
 
-__all__ = ["build_index", "build_sharded_index", "build_index_objects", "IndexObjects", "decode_index", "index_shards", "SearchIndex", "IndexDirectory", "IndexShard",
+__all__ = ["build_index_objects", "IndexObjects", "decode_index", "index_shards", "SearchIndex", "IndexDirectory", "IndexShard",
            "required_trigrams", "Query", "INLINE_MAX", "INLINE_BUDGET", "SHARD_POSTINGS", "MAX_SHARDS_PER_QUERY"]
 
 _MAGIC = b"DSIDX1\n"
@@ -160,18 +161,6 @@ def _table(files: list[tuple[str, str, bytes]]) -> tuple[np.ndarray, np.ndarray,
     return g[starts].astype(np.uint32), np.append(starts, len(o)).astype(np.uint32), o.astype(np.uint32)
 
 
-def build_index(files: list[tuple[str, str, bytes]]) -> bytes:
-    """The format-1 index of ``files`` (relative path, digest, content): one object.
-    Kept for reading and testing old stores; new packs get ``build_sharded_index``."""
-    listed = [[path, digest] for path, digest, _ in files]
-    keys, offsets, o = _table(files)
-    width = 2 if len(listed) < 65536 else 4
-    header = json.dumps({"files": listed, "n": int(len(keys)), "width": width}, separators=(",", ":")).encode()
-    body = b"".join([len(header).to_bytes(8, "big"), header, keys.tobytes(), offsets.tobytes(),
-                     o.astype(np.uint16 if width == 2 else np.uint32).tobytes()])
-    return _MAGIC + zstandard.ZstdCompressor(level=3).compress(body)
-
-
 @dataclass
 class IndexObjects:
     """The objects of one format-2 index: store ``shards`` and ``lines`` before the
@@ -180,15 +169,6 @@ class IndexObjects:
     directory: bytes
     shards: list[bytes]
     lines: bytes | None  # the unit's line table (``lineindex``), named by the directory
-
-
-def build_sharded_index(files: list[tuple[str, str, bytes]], locations: dict[str, FrameLocation], *,
-                        inline_max: int | None = None, inline_budget: int | None = None,
-                        shard_postings: int | None = None) -> tuple[bytes, list[bytes]]:
-    """The format-2 index of ``files`` without a line table: (directory, shards)."""
-    built = build_index_objects(files, locations, inline_max=inline_max, inline_budget=inline_budget,
-                                shard_postings=shard_postings, lines=False)
-    return built.directory, built.shards
 
 
 def build_index_objects(files: list[tuple[str, str, bytes]], locations: dict[str, FrameLocation], *,

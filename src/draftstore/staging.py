@@ -89,10 +89,7 @@ class Staging:
     # -- locking --------------------------------------------------------------------------
     def _not_running(self, conn: Connection, turn_id: str) -> E.DraftstoreError:
         status = conn.execute(self._turn_status, {"turn_id": turn_id}).scalar()
-        if status is None:
-            return E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
-        return E.TurnNotRunning(f"turn {turn_id} is {status}; only a running turn may change its draft",
-                                turn_id=turn_id, status=status)
+        return E.turn_refused(turn_id, status)
 
     def _lock(self, conn: Connection, turn_id: str) -> Any:
         """Lock the draft a running turn writes to (bumping its revision), then

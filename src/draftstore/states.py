@@ -116,7 +116,7 @@ class States:
                                        T.c.start_state_digest, T.c.end_state_digest, T.c.pruned_at)
                              .where(T.c.id == turn_id)).first()
         if t is None:
-            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            raise E.turn_not_found(turn_id)
         if t.pruned_at is not None:
             raise E.StateNotFound(f"turn {turn_id}'s boundary states were pruned (its retention ended)",
                                   turn_id=turn_id)

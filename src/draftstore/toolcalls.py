@@ -173,8 +173,10 @@ class ToolCalls:
             raise self._why_not(turn_id, None)
         seq = row[0]
         self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
-        return ToolCall(turn_id, seq, tool_name, status, None if args_digest else args, args_digest,
-                        args_preview, None, None, None, None, now, None)
+        return ToolCall(turn_id=turn_id, seq=seq, tool_name=tool_name, status=status,
+                        args=None if args_digest else args, args_digest=args_digest, args_preview=args_preview,
+                        result=None, result_digest=None, result_preview=None, error=None,
+                        started_at=now, ended_at=None)
 
     def decide(self, turn_id: str, seq: int, approved: bool, reason: Any, actor: str | None) -> ToolCall:
         """Record the approval decision of a call awaiting one: approved, it is
@@ -224,11 +226,9 @@ class ToolCalls:
         missing or already finished (read after the fact; the statement decided)."""
         with self.b.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).first()
-            if turn is None:
-                return E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
-            if turn.status != _RUNNING:
-                return E.TurnNotRunning(f"turn {turn_id} is {turn.status}; only a running turn records tool calls",
-                                        turn_id=turn_id, status=turn.status)
+            if turn is None or turn.status != _RUNNING:
+                return E.turn_refused(turn_id, None if turn is None else turn.status,
+                                      "only a running turn records tool calls")
             call = conn.execute(sa.select(TC.c.status).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
         if call is None:
             return E.ToolCallNotFound(f"turn {turn_id} has no tool call {seq}", turn_id=turn_id, seq=seq)
@@ -255,7 +255,7 @@ class ToolCalls:
         with self.b.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
             if turn is None:
-                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id)
             calls, _ = self.read(conn, turn, seq - 1, 1)
         if not calls or calls[0].seq != seq:
             raise E.ToolCallNotFound(f"turn {turn_id} has no tool call {seq}", turn_id=turn_id, seq=seq)
@@ -305,6 +305,6 @@ class ToolCalls:
         with self.b.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
             if turn is None:
-                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id)
             calls, _ = self.read(conn, turn, key[0] if key else 0, n + 1)
         return paging.page("tool_calls", list(calls), n, lambda c: (c.seq,), lambda c: c)

@@ -225,9 +225,9 @@ class Turns:
         """End a running turn and seal its writes, in one transaction (see the module docstring)."""
         fold = self.sealing.prepare_turn(turn_id, also=_END_STATE)
         if fold.draft_id is None:
-            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            raise E.turn_not_found(turn_id)
         if fold.turn_status != _RUNNING:
-            raise self._not_running(turn_id, fold.turn_status)
+            raise E.turn_refused(turn_id, fold.turn_status)
         ending = self._upload_end_state(fold.also)
         now = utcnow()
 
@@ -274,7 +274,7 @@ class Turns:
         row = conn.execute(self.b.for_update(sa.select(T.c.status, T.c.start_state_digest)
                                              .where(T.c.id == turn_id))).first()
         if row is None or row.status != _RUNNING:
-            raise self._not_running(turn_id, None if row is None else row.status)
+            raise E.turn_refused(turn_id, None if row is None else row.status)
         root, _ = self.sealing.apply(conn, fold, draft)
         blob = state_blob(draft.characters_json, draft.world_settings_json)
         state = digest_of(blob)
@@ -308,19 +308,13 @@ class Turns:
         self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id, "end_reason": reason})
         self.b.expire_stream(stream)
 
-    def _not_running(self, turn_id: str, status: str | None) -> E.DraftstoreError:
-        if status is None:
-            return E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
-        return E.TurnNotRunning(f"turn {turn_id} is {status}; only a running turn may change its draft",
-                                turn_id=turn_id, status=status)
-
     # -- heartbeats ---------------------------------------------------------------------------
     def heartbeat(self, turn_id: str) -> None:
         check.turn_id(turn_id)
         with self.b.statement(read_only=True) as conn:
             status = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).scalar()
         if status != _RUNNING:
-            raise self._not_running(turn_id, status)
+            raise E.turn_refused(turn_id, status)
         self._beat(turn_id)
 
     def _beat(self, turn_id: str) -> None:
@@ -335,7 +329,7 @@ class Turns:
         with self.b.tx(read_only=True) as conn:
             row = conn.execute(sa.select(T).where(T.c.id == turn_id)).first()
             if row is None:
-                raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id)
             calls, row = self.toolcalls.read(conn, row)
         return turn_record(row, calls)
 
@@ -356,7 +350,7 @@ class Turns:
         with self.b.statement(read_only=True) as conn:
             row = conn.execute(sa.select(*_SUMMARY).where(T.c.id == turn_id)).first()
         if row is None:
-            raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+            raise E.turn_not_found(turn_id)
         return turn_record(row)
 
     def durable_events(self, turn_id: str) -> list[tuple[str, dict[str, Any]]]:

@@ -117,11 +117,6 @@ class View:
         return MappingProxyType(self._overlay)
 
     @property
-    def resolved_to(self) -> str:
-        """'draft', 'version' or 'empty'."""
-        return self.kind
-
-    @property
     def characters(self) -> Any:
         return copy.deepcopy(self._characters)
 

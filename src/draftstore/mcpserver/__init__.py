@@ -46,7 +46,7 @@ def serve_stdio(project_id: str, turn_id: str | None = None) -> None:
         with contextlib.redirect_stdout(sys.stderr):
             store.get_project(project_id)
             if turn_id is not None and store.get_turn(turn_id, tool_calls=False).project_id != project_id:
-                raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id, project_id)
         agent = AgentTools(store, project_id, turn_id)
         build_server(lambda _context: agent).run("stdio")
     finally:

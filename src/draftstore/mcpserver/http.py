@@ -43,7 +43,7 @@ from starlette.types import Receive, Scope, Send
 
 from .. import errors as E
 from ..records import Role
-from ..service.errors import error_response, status_of
+from ..wire import error_response, exception_response
 from .server import build_server
 from .tools import AgentTools, Bounds
 
@@ -116,12 +116,7 @@ class McpHttpApp:
         try:
             agent = await self._authorize(scope)
         except E.DraftstoreError as exc:
-            status = status_of(exc)
-            headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-            if isinstance(exc, E.BackendUnavailable):
-                headers = {"Retry-After": "1"}
-            response = error_response(status, exc.code, exc.message, exc.details, headers, exc.retryable)
-            await response(scope, receive, send)
+            await exception_response(exc)(scope, receive, send)
             return
         if scope["method"] != "POST":  # GET would open an SSE stream with nothing ever on it; DELETE ends no session
             response = error_response(405, "method.not_allowed", "MCP requests are POSTed: this endpoint offers no "
@@ -159,7 +154,7 @@ class McpHttpApp:
         if turn_id is not None:
             owner = await run_in_threadpool(app.state.turn_projects.project_of, store, turn_id)
             if owner != project_id:
-                raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+                raise E.turn_not_found(turn_id, project_id)
         return AgentTools(store, project_id, turn_id, self.bounds)
 
 

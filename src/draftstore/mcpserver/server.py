@@ -32,8 +32,9 @@ from pydantic import Field, ValidationError
 
 from .. import __version__
 from .. import errors as E
+from ..wire import internal_error
 from . import results as R
-from .tools import READ_TOOLS, TOOL_NAMES, AgentTools, Recording, error_payload, internal_payload
+from .tools import READ_TOOLS, TOOL_NAMES, AgentTools, Recording, error_payload
 
 __all__ = ["build_server", "DraftstoreMCP"]
 
@@ -218,7 +219,7 @@ def _payload_of(exc: BaseException) -> dict[str, Any]:
             return error_payload(_invalid_arguments(seen))
         seen = seen.__cause__
     log.error("tool call failed unexpectedly", exc_info=exc)
-    return internal_payload()
+    return internal_error()
 
 
 _CANCELLED = {"code": "cancelled", "message": "the call was cancelled before it ran", "retryable": True}

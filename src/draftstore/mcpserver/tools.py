@@ -30,9 +30,9 @@ from typing import Any
 from .. import errors as E
 from ..records import DraftStatus
 from ..store import Store
+from ..wire import internal_error
 
-__all__ = ["AgentTools", "Bounds", "Recording", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES", "error_payload",
-           "internal_payload"]
+__all__ = ["AgentTools", "Bounds", "Recording", "READ_TOOLS", "WRITE_TOOLS", "TOOL_NAMES", "error_payload"]
 
 log = logging.getLogger("draftstore.mcp")
 
@@ -106,11 +106,6 @@ def error_payload(exc: E.DraftstoreError) -> dict[str, Any]:
     except (TypeError, ValueError):  # a detail that is not JSON: keep what is stable
         out = base
     return out
-
-
-def internal_payload() -> dict[str, Any]:
-    """The error of a call that failed unexpectedly (the cause is logged on the server)."""
-    return {"code": "internal", "message": "internal error (logged on the server)", "retryable": False}
 
 
 def _positive(name: str, value: int, cap: int) -> int:
@@ -230,7 +225,7 @@ class AgentTools:
                                          ERROR_MESSAGE_CHARS)[0]}
         except Exception:
             log.exception("could not record the %s of tool call %s/%s", what, rec.turn_id, rec.seq)
-            fallback = {**internal_payload(), "message": f"the call's {what} could not be recorded "
+            fallback = {**internal_error(), "message": f"the call's {what} could not be recorded "
                                                          "(logged on the server)"}
         try:
             self.store.tool_failed(rec.turn_id, rec.seq, fallback)

@@ -259,7 +259,7 @@ def turn_scope(principal: Principal, store: Store, turn_id: str, cache: "TurnPro
         return ""
     project_id = cache.project_of(store, turn_id)
     if project_id != principal.project_id:
-        raise E.TurnNotFound(f"no turn {turn_id!r}", turn_id=turn_id)
+        raise E.turn_not_found(turn_id)
     return project_id
 
 

@@ -1,17 +1,16 @@
-"""HTTP errors: one table from the library's typed errors to HTTP statuses.
+"""HTTP errors: the FastAPI handlers that answer every failure through ``wire``
+(the one table from the library's typed errors to statuses and bodies, shared
+with the MCP endpoint; the body is ``schemas.Error`` in ``/openapi.json``).
 
-Every error body is ``{"code", "message", "details", "retryable"}`` (the
-``Error`` schema of ``/openapi.json``, ``schemas.Error``) with the library's stable code; ``retryable`` says the same request may succeed later
-unchanged (a backend came back, a lock was freed). Request bodies and parameters FastAPI cannot parse are
-``input.invalid`` (422); an unknown route is ``route.not_found`` (404). An
-unexpected exception is logged and answered ``internal`` (500) without its
-text, so a traceback never reaches a client.
+Request bodies and parameters FastAPI cannot parse are ``input.invalid``
+(422); an unknown route is ``route.not_found`` (404). An unexpected exception
+is logged and answered ``internal`` (500) without its text, so a traceback
+never reaches a client.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,47 +18,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 from .. import errors as E
-from .responses import dumps
+from ..wire import INTERNAL_CODE, INTERNAL_MESSAGE, error_response, exception_response
 
-__all__ = ["STATUS", "status_of", "error_response", "install"]
+__all__ = ["error_response", "install"]
 
 log = logging.getLogger("draftstore.service")
-
-# most specific first: the first class an error is an instance of decides
-STATUS: list[tuple[type[E.DraftstoreError], int]] = [
-    (E.AuthRequired, 401),
-    (E.AuthInvalid, 401),
-    (E.Forbidden, 403),
-    (E.PayloadTooLarge, 413),
-    (E.HeadersTooLarge, 431),
-    (E.NotFound, 404),
-    (E.StateConflict, 409),
-    (E.InvalidInput, 422),
-    (E.BackendUnavailable, 503),
-    (E.SchemaOutdated, 503),
-    (E.IntegrityError, 500),
-    (E.BackendError, 502),
-]
-
-
-def status_of(exc: E.DraftstoreError) -> int:
-    return next((status for cls, status in STATUS if isinstance(exc, cls)), 500)
-
-
-def error_response(status: int, code: str, message: str, details: dict[str, Any] | None = None,
-                   headers: dict[str, str] | None = None, retryable: bool = False) -> Response:
-    body = dumps({"code": code, "message": message, "details": details or {}, "retryable": retryable})
-    return Response(body, status_code=status, media_type="application/json", headers=headers)
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(E.DraftstoreError)
     async def _draftstore(_: Request, exc: E.DraftstoreError) -> Response:
-        status = status_of(exc)
-        headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
-        if isinstance(exc, E.BackendUnavailable):
-            headers = {"Retry-After": "1"}
-        return error_response(status, exc.code, exc.message, exc.details, headers, exc.retryable)
+        return exception_response(exc)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> Response:
@@ -80,4 +49,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> Response:
         log.exception("unexpected error on %s %s", request.method, request.url.path)
-        return error_response(500, "internal", "internal error (logged on the server)")
+        return error_response(500, INTERNAL_CODE, INTERNAL_MESSAGE)

@@ -8,24 +8,13 @@ documentation, orjson does the work).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-import orjson
 from starlette.responses import JSONResponse
 
-from ..records import json_default
+from ..wire import dumps
 
 __all__ = ["JSON", "dumps"]
-
-
-def dumps(value: Any) -> bytes:
-    """orjson, or (for valid JSON values orjson refuses: integers beyond 64 bits, nesting
-    deeper than 254 levels, strings holding a lone surrogate) the standard library's encoder."""
-    try:
-        return orjson.dumps(value, option=orjson.OPT_NON_STR_KEYS)
-    except orjson.JSONEncodeError:
-        return json.dumps(value, default=json_default, separators=(",", ":"), allow_nan=False).encode()
 
 
 class JSON(JSONResponse):

@@ -148,7 +148,7 @@ class Whoami(BaseModel):
 
 
 class Error(BaseModel):
-    """The body of every error answer (``service/errors.py``), whatever its status."""
+    """The body of every error answer (``wire.error_body``), whatever its status."""
 
     code: str = Field(..., description="the library's stable error code, e.g. turn.not_running (docs/concepts.md: Errors)")
     message: str = Field(..., description="what went wrong, for a person")

@@ -42,7 +42,7 @@ def observer_ref(store: Store, principal: Principal, project_id: str, ref: str) 
             raise E.Forbidden(f"an {principal.role} reads published versions only")
         turn_id, _, boundary = rest.partition(":")
         if store.get_turn(turn_id, tool_calls=False).project_id != project_id:
-            raise E.TurnNotFound(f"no turn {turn_id!r} in project {project_id}", turn_id=turn_id)
+            raise E.turn_not_found(turn_id, project_id)
         return f"turn:{turn_id}:{boundary or 'end'}"
     version_id = rest if kind == "version" else ref
     store.get_version(version_id, project_id=project_id)
