@@ -547,7 +547,7 @@ def assert_reaped_once(svc: Service, c: httpx.Client, tid: str, tag: str) -> Non
     turn = ok(c.get(f"/v1/turns/{tid}"))
     assert (turn["status"], turn["end_reason"]) == ("interrupted", "heartbeat_lapsed"), turn
     assert [(t["seq"], t["tool_name"], t["status"]) for t in turn["tool_calls"]] == [
-        (1, f"{tag}0", "completed"), (2, f"{tag}1", "failed"), (3, f"{tag}2", "started")]
+        (1, f"{tag}0", "completed"), (2, f"{tag}1", "failed"), (3, f"{tag}2", "interrupted")]  # left running: flagged
     with svc.store.engine.connect() as conn:  # compacted once: the rows are gone, the column holds three
         rows = conn.execute(sa.text("SELECT count(*) FROM tool_call WHERE turn_id = :t"), {"t": tid}).scalar()
         compacted = conn.execute(sa.text("SELECT tool_calls_json FROM project_turn WHERE id = :t"), {"t": tid}).scalar()

@@ -143,7 +143,9 @@ def test_an_interrupted_turns_late_writes_are_refused_through_either_process(ser
     assert files(cb, p) == {"main.py": "print(1)\n", "before.py": "kept\n"}
     turn = ca.get(f"/v1/turns/{t}").json()
     assert turn["partial_response"] == {"text": "stopped"}
-    assert [(c["seq"], c["status"]) for c in turn["tool_calls"]] == [(1, "started")]
+    # the call the interrupt left running is flagged, ended with its turn; the late completion changed nothing
+    assert [(c["seq"], c["status"]) for c in turn["tool_calls"]] == [(1, "interrupted")]
+    assert turn["tool_calls"][0]["ended_at"] == turn["ended_at"]
 
 
 def test_a_turn_whose_text_streamed_through_one_process_takes_no_more_text_there_once_the_other_ended_it(
