@@ -36,7 +36,12 @@ Rows (``NAME ratio=R ours_ms=X baseline_ms=Y``):
 - ``http_<op>_load_w1`` / ``_load_w4``: HTTP p50 under load / library p50 (information)
 - ``http_<op>_load_w1_p99`` / ``_load_w4_p99``: p99 / p50 under load (goal <= 5)
 
-Only when named (``--only http_ops``, or row names): not part of the default run.
+Two lanes, one after the other in the same run, each with its own library baseline:
+the service as deployed (the fast lane in front of FastAPI, ``service/fastlane.py``),
+then the same rows prefixed ``fastapi_`` on ``create_app(fast_lane=False)`` (every
+route through FastAPI's own request handling): what the fast lane buys.
+
+Only when named (``--only http_ops`` for both lanes, or row names): not part of the default run.
 Sizes: 50 agents; quick 1 load round and 8 sequential rounds, full 3 and 40.
 
 ``DRAFTSTORE_BENCH_HTTP_PROFILE=1`` (or ``=DIR`` to keep py-spy's collapsed
@@ -109,8 +114,20 @@ def names() -> tuple[str, ...]:
     return tuple(out)
 
 
-NAMES = names()
-ALIAS = "http_ops"  # ``--only http_ops`` selects every row above
+FASTAPI = "fastapi_"  # prefix of the same rows measured on ``create_app(fast_lane=False)``
+NAMES = names() + tuple(FASTAPI + n for n in names())
+ALIAS = "http_ops"  # ``--only http_ops`` selects every row above, on both lanes
+FACTORIES = {  # the uvicorn factory of each lane
+    "": "draftstore.service.app:create_app",
+    FASTAPI: "bench.http_ops:fastapi_only_app",
+}
+
+
+def fastapi_only_app() -> Any:
+    """The service with every route served by FastAPI alone (no fast lane): the other lane."""
+    from draftstore.service.app import create_app
+
+    return create_app(fast_lane=False)
 
 
 class Info(Result):
@@ -349,8 +366,8 @@ def _free_port() -> int:
 class Service:
     """``uvicorn draftstore.service.app:create_app --factory --workers N`` on the bench's stack."""
 
-    def __init__(self, env: BenchEnv, workers: int) -> None:
-        self.env, self.workers = env, workers
+    def __init__(self, env: BenchEnv, workers: int, lane: str = "") -> None:
+        self.env, self.workers, self.factory = env, workers, FACTORIES[lane]
         self.port = _free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = env.scratch_dir("http") / f"uvicorn-w{workers}-{self.port}.log"
@@ -360,9 +377,9 @@ class Service:
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("DRAFTSTORE_")}
         child_env.update(DRAFTSTORE_DATABASE_URL=self.env.database_url, DRAFTSTORE_BLOB_URL=self.env.blob_url,
                          DRAFTSTORE_COORD_URL=self.env.coord_url)
-        src = str(REPO / "src")
+        src = str(REPO / "src") + os.pathsep + str(REPO)  # the code under test, and bench/ for the factory
         child_env["PYTHONPATH"] = src + os.pathsep + child_env["PYTHONPATH"] if child_env.get("PYTHONPATH") else src
-        cmd = [sys.executable, "-m", "uvicorn", "draftstore.service.app:create_app", "--factory",
+        cmd = [sys.executable, "-m", "uvicorn", self.factory, "--factory",
                "--host", "127.0.0.1", "--port", str(self.port), "--workers", str(self.workers),
                "--log-level", "warning", "--no-access-log"]
         t0 = time.perf_counter()
@@ -718,7 +735,20 @@ def load_rows(lib: Samples, run: Samples, workers: int, agents: int) -> list[Res
 
 
 def group(ctx: Any, wanted: set[str]) -> list[Result]:
-    """The whole HTTP scenario group (see the module docstring)."""
+    """The whole HTTP scenario group (see the module docstring), once per lane wanted: the
+    service as deployed (fast lane in front of FastAPI), then FastAPI alone (rows ``fastapi_*``)."""
+    out: list[Result] = []
+    for lane in FACTORIES:
+        mine = {n[len(lane):] for n in wanted if n.startswith(lane) and (lane or not n.startswith(FASTAPI))}
+        if mine:
+            rows = _lane(ctx, mine, lane)
+            for r in rows:
+                r.name = lane + r.name
+            out += rows
+    return out
+
+
+def _lane(ctx: Any, wanted: set[str], lane: str) -> list[Result]:
     from .scenarios import QUICK
 
     sizes = HTTP_QUICK if ctx.sizes is QUICK else HTTP_FULL
@@ -728,10 +758,11 @@ def group(ctx: Any, wanted: set[str]) -> list[Result]:
     t0 = time.perf_counter()
     lib_project, http_project, httpx_project = _projects(store, 3, f"seq-{secrets.token_hex(2)}")
     agents = _projects(store, sizes.agents, f"load-{secrets.token_hex(2)}") if want_w else []
-    progress(f"  {3 + len(agents)} agent projects created in {time.perf_counter() - t0:.1f}s")
+    progress(f"  {lane or 'fast lane '}service: {3 + len(agents)} agent projects created in "
+             f"{time.perf_counter() - t0:.1f}s")
     token = store.tokens.create("agent", name="bench-http")[1]
     out: list[Result] = []
-    with Service(env, 1) as svc:
+    with Service(env, 1, lane) as svc:
         t0 = time.perf_counter()
         lib, lean, heavy = sequential(store, svc, token, lib_project, (http_project, httpx_project),
                                       ctx.n(sizes.seq_rounds))
@@ -746,7 +777,7 @@ def group(ctx: Any, wanted: set[str]) -> list[Result]:
         if 1 in want_w:
             out += _load(svc, token, agents, ctx.n(sizes.load_rounds), lib, 1)
     if 4 in want_w:
-        with Service(env, 4) as svc:
+        with Service(env, 4, lane) as svc:
             out += _load(svc, token, agents, ctx.n(sizes.load_rounds), lib, 4)
     return out
 
