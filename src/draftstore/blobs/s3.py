@@ -36,7 +36,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import boto3
@@ -52,6 +52,9 @@ from ..pools import settle, start_workers
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
 from .s3errors import NO_BUCKET, is_missing_object, is_past_the_end, map_s3_error
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -175,7 +178,7 @@ class S3BlobStore(BlobStoreBase):
               read_timeout_s: float) -> S3Store:
         """The obstore client: timeouts, retries, TLS roots and addressing of this store."""
         endpoint = self.endpoint_url
-        config: dict[str, Any] = {"region": self.region, "virtual_hosted_style_request": self._style == "virtual"}
+        config: S3Config = {"region": self.region, "virtual_hosted_style_request": self._style == "virtual"}
         if endpoint:
             parts = urlsplit(endpoint)
             if parts.scheme not in ("http", "https") or not parts.hostname:
@@ -183,7 +186,7 @@ class S3BlobStore(BlobStoreBase):
             if self._style == "virtual":  # obstore wants the bucket in a virtual-hosted endpoint
                 endpoint = f"{parts.scheme}://{self.bucket}.{parts.netloc}{parts.path}"
             config["endpoint"] = endpoint.rstrip("/")
-        client: dict[str, Any] = {
+        client: ClientConfig = {
             "allow_http": bool(endpoint) and urlsplit(endpoint or "").scheme == "http",
             "connect_timeout": timedelta(seconds=connect_timeout_s),
             # per read of the answer: a hung endpoint fails the attempt; a large, slow body does not
@@ -194,7 +197,7 @@ class S3BlobStore(BlobStoreBase):
         }
         if root_certificates:
             client["root_certificate"] = root_certificates
-        retry = {"max_retries": self.max_attempts - 1,
+        retry: RetryConfig = {"max_retries": self.max_attempts - 1,
                  "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1),
                              "base": 2}}
         try:
