@@ -148,6 +148,35 @@ def test_a_closed_store_refuses_requests(real_s3: Any, op: str, request_: Any) -
     assert getattr(info.value, "code", None) == "backend.error"
 
 
+def test_a_store_used_in_a_forked_child_fails_typed_instead_of_hanging(real_s3: Any) -> None:
+    store = _store(real_s3, _prefix("fork"))
+    try:
+        d = store.put(b"before the fork")
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: report the outcome's code through the pipe, never run pytest's teardown
+            try:
+                store.get(d)
+                outcome = "read"
+            except Exception as exc:  # noqa: BLE001 - the code is the outcome under test
+                outcome = getattr(exc, "code", type(exc).__name__)
+            os.write(write, outcome.encode())
+            os._exit(0)
+        os.close(write)
+        deadline = time.monotonic() + 30
+        while os.waitpid(pid, os.WNOHANG) == (0, 0):
+            if time.monotonic() > deadline:
+                os.kill(pid, 9)
+                os.waitpid(pid, 0)
+                pytest.fail("the forked child hung on its request")
+            time.sleep(0.05)
+        with os.fdopen(read, "rb") as pipe:
+            assert pipe.read() == b"backend.error"
+        assert store.get(d) == b"before the fork"  # the parent's store is untouched
+    finally:
+        store.close()
+
+
 def test_a_missing_bucket_fails_reads_as_backend_unavailable_naming_it(real_s3: Any) -> None:
     bucket = f"dstest-absent-{os.urandom(4).hex()}"
     store = S3BlobStore(bucket, endpoint_url=real_s3.endpoint_url, region="us-east-1", check=False)

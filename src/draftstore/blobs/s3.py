@@ -20,6 +20,11 @@ Works with AWS S3, SeaweedFS, MinIO and R2.
 boto3 is still called for one thing obstore cannot do: creating a missing
 bucket (``create=1``); ``object_store`` has no bucket operations.
 
+obstore's client does not survive ``fork()`` (its Rust runtime's threads stay in
+the parent; a request in the child would wait forever): a store used in a
+forked child raises ``backend.error`` instead, so open stores after forking
+(``draftstore serve --workers`` spawns its workers, it does not fork them).
+
 Error mapping at this boundary (``s3errors``; obstore's errors never leak out):
 
 - a missing object is ``None`` from ``_get_raw`` (``blob.not_found`` from ``get``);
@@ -31,6 +36,7 @@ Error mapping at this boundary (``s3errors``; obstore's errors never leak out):
 
 from __future__ import annotations
 
+import os
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
@@ -165,6 +171,7 @@ class S3BlobStore(BlobStoreBase):
                 "AWS_SECRET_ACCESS_KEY or an AWS profile)", bucket=bucket, operation="open")
         self._store: S3Store | None = self._open(
             prefix, _root_certificates(core), connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        self._pid = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
         # requests sent, by kind (get, get_range, head, put, list, delete): for operators and benchmarks
@@ -316,10 +323,14 @@ class S3BlobStore(BlobStoreBase):
 
     # -- raw hooks -------------------------------------------------------------------
     def _client(self, op: str) -> S3Store:
-        """The obstore client, counting one request of kind ``op``; ``backend.error`` once closed."""
+        """The obstore client, counting one request of kind ``op``; ``backend.error`` once closed
+        or in a forked child."""
         store = self._store
         if store is None:
             raise BackendError("the S3 blob store is closed", bucket=self.bucket, operation=op)
+        if os.getpid() != self._pid:
+            raise BackendError("an S3 blob store cannot be used across fork(); open it in the child process",
+                               bucket=self.bucket, operation=op)
         with self._calls_lock:
             self.calls[op] += 1
         return store
