@@ -174,7 +174,8 @@ class S3BlobStore(BlobStoreBase):
         self._pid = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        # requests sent, by kind (get, get_range, head, put, list, delete): for operators and benchmarks
+        # requests sent, by kind (get, get_range, head, put, delete; list counts listings): for operators
+        # and benchmarks
         self.calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
         if check:
@@ -388,7 +389,8 @@ class S3BlobStore(BlobStoreBase):
             self._raise("delete", exc, key)
 
     def _list_raw(self, prefix: str) -> Iterator[tuple[str, int, float]]:
-        # keys come back relative to the store's prefix; one LIST request per 1,000 keys
+        # keys come back relative to the store's prefix; S3 answers 1,000 keys a request, and
+        # `calls["list"]` counts listings, not their pages
         store = self._client("list")
         try:
             for chunk in obstore.list(store, prefix, chunk_size=1000):
