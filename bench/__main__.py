@@ -9,7 +9,6 @@ PASS / MISS. Progress goes to stderr. See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 import traceback
@@ -20,7 +19,6 @@ from .env import BenchEnv, progress
 from .projects import build_project
 from .scenarios import ALIASES, FULL, GROUPS, NAMES, OPT_IN, QUICK, Context
 from .timing import Result, freeze_set_up
-from .upload import LeanS3Putter
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -30,7 +28,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    + ", ".join(ALIASES) + ", run only when named): " + ", ".join(NAMES))
     p.add_argument("--repeat", type=int, default=1, help="multiply the timed iterations by N (steadier medians)")
     p.add_argument("--lean-build", action="store_true",
-                   help="pre-upload every blob one PUT each with a lean S3 client before create_project "
+                   help="pre-upload every blob one PUT each (the store's put_many) before create_project "
                         "(the old way; slower than create_project's packs, and skews cold_search)")
     args = p.parse_args(argv)
     wanted = [n.strip() for n in args.only.split(",") if n.strip()] or [n for n in NAMES if n not in OPT_IN]
@@ -81,19 +79,15 @@ def main(argv: list[str] | None = None) -> int:
     results: list[Result] = []
     with BenchEnv() as env:
         store = env.open_store(migrate=True)
-        putter = None
-        if args.lean_build:
-            putter = LeanS3Putter(env.endpoint_url, env.bucket, os.environ["AWS_ACCESS_KEY_ID"],
-                                  os.environ["AWS_SECRET_ACCESS_KEY"])
+        preupload = args.lean_build
         # projects are built through a separate store with a cache big enough to
         # hold every pre-uploaded blob; the measuring store keeps default settings
         builder: list = []
 
         def build(name: str, files: dict[str, bytes]) -> str:
             if not builder:
-                builder.append(env.open_store() if putter is None else
-                               _open_builder(env))
-            return build_project(builder[0], name, files, putter)
+                builder.append(_open_builder(env) if preupload else env.open_store())
+            return build_project(builder[0], name, files, preupload)
 
         ctx = Context(env=env, store=store, sizes=sizes, repeat=args.repeat, build=build)
         freeze_set_up()

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 from draftstore import Store
 
@@ -92,55 +91,51 @@ def make_files(n_files: int, size: int, seed: int = 1, needles: int = 0) -> dict
 
 
 class _Ticker:
-    """Prints elapsed time (and S3 PUTs done, when countable) to stderr while a long call runs."""
+    """Prints elapsed time (and S3 PUTs done, when the blob store counts them) to stderr while a long call runs."""
 
     def __init__(self, label: str, store: Store, total: int, every_s: float = 5.0) -> None:
         self.label, self.total, self.every_s = label, total, every_s
-        self.puts = 0
+        self._calls = getattr(store.blobs, "calls", None)  # the S3 backend counts its requests by kind
+        self._start = self._calls["put"] if self._calls is not None else 0
         self._stop = threading.Event()
-        self._client = getattr(store.blobs, "_client", None)  # the S3 backend's botocore client
         self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def _count(self, **_: Any) -> None:
-        self.puts += 1
 
     def _run(self) -> None:
         t0 = time.perf_counter()
         while not self._stop.wait(self.every_s):
-            done = f", {self.puts:,}/{self.total:,} blobs uploaded" if self._client is not None else ""
+            done = ""
+            if self._calls is not None:
+                done = f", {self._calls['put'] - self._start:,}/{self.total:,} blobs uploaded"
             progress(f"  {self.label}: {time.perf_counter() - t0:.0f}s{done}")
 
     def __enter__(self) -> "_Ticker":
-        if self._client is not None:
-            self._client.meta.events.register("after-call.s3.PutObject", self._count)
         self._thread.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
         self._stop.set()
         self._thread.join()
-        if self._client is not None:
-            self._client.meta.events.unregister("after-call.s3.PutObject", self._count)
 
 
-def build_project(store: Store, name: str, files: dict[str, bytes], putter: Any = None) -> str:
+def build_project(store: Store, name: str, files: dict[str, bytes], preupload: bool = False) -> str:
     """``store.create_project(name, files=files)``, with progress on stderr; returns the id.
 
-    With a ``putter`` (``bench.upload.LeanS3Putter``) the file blobs are
-    uploaded by it first and seeded into ``store.cache`` (give the building
-    store a cache big enough for every file), so ``create_project`` uploads
-    only the tree nodes; without one, ``create_project``'s own ``put_many``
-    uploads everything (slow on a small machine, see bench/upload.py).
+    With ``preupload`` the file blobs are first stored one PUT each
+    (``store.blobs.put_many``) and seeded into ``store.cache`` (give the
+    building store a cache big enough for every file), so ``create_project``
+    uploads only the tree nodes: the old way, slower than packs.
     """
     t0 = time.perf_counter()
     mb = sum(len(v) for v in files.values()) / 1e6
-    how = "lean pre-upload + create_project" if putter is not None else "create_project, parallel put_many"
+    how = "pre-upload one PUT each + create_project" if preupload else "create_project"
     progress(f"building {name}: {len(files):,} files, {mb:.1f} MB ({how})")
-    if putter is not None:
+    if preupload:
         blobs = list(files.values())
-        digests = putter.put_blobs(blobs, on_done=lambda n: progress(f"  {name}: {n:,}/{len(blobs):,} blobs uploaded"))
-        for d, b in zip(digests, blobs):
-            store.cache.add(d, b)
+        for at in range(0, len(blobs), 2000):
+            batch = blobs[at:at + 2000]
+            for d, b in zip(store.blobs.put_many(batch), batch):
+                store.cache.add(d, b)
+            progress(f"  {name}: {at + len(batch):,}/{len(blobs):,} blobs uploaded")
         progress(f"  {name}: blobs uploaded in {time.perf_counter() - t0:.1f}s; sealing the tree")
     with _Ticker(name, store, len(files)):
         project = store.create_project(name, files=files)

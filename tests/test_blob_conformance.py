@@ -209,7 +209,7 @@ def test_an_unreachable_s3_endpoint_is_a_typed_backend_unavailable() -> None:
     with pytest.raises(BackendUnavailable) as info:
         open_blob_store(url)
     assert info.value.code == "backend.unavailable"
-    assert info.value.__cause__ is not None  # the botocore error, chained
+    assert info.value.__cause__ is not None  # the obstore error, chained
 
 
 def test_credentials_in_the_s3_url_are_refused() -> None:

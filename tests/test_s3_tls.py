@@ -1,10 +1,10 @@
-"""Lean S3 GETs over https verify the server as botocore would: against the CA
+"""S3 requests over https verify the server as botocore would: against the CA
 bundle botocore is configured with (``ca_bundle`` in the AWS config file, or
-``AWS_CA_BUNDLE``), never against nothing.
+``AWS_CA_BUNDLE``) on top of the system's, never against nothing.
 
-A local https server with a self-signed certificate answers every GET; a store
-whose configuration names that certificate reads through it, one without is
-refused, typed."""
+A local https server with a self-signed certificate answers every GET with one
+object; a store whose configuration names that certificate reads it, one
+without is refused, typed (``backend.unavailable``)."""
 
 from __future__ import annotations
 
@@ -20,28 +20,42 @@ import pytest
 
 from draftstore.blobs import ObjectCache
 from draftstore.blobs.s3 import S3BlobStore
-from draftstore.errors import DraftstoreError
+from draftstore.digest import digest_of
+from draftstore.errors import BackendUnavailable, DraftstoreError
+
+BODY = b"served over tls"
 
 
 class _Answer(http.server.BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
-        body = b"served over tls"
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(BODY)))
+        self.send_header("Last-Modified", self.date_time_string())
+        self.send_header("ETag", '"1"')
         self.end_headers()
-        self.wfile.write(body)
+        self.wfile.write(BODY)
 
     def log_message(self, *args: Any) -> None:
         pass
 
 
+def _openssl(*args: str) -> None:
+    subprocess.run(["openssl", *args], check=True, capture_output=True)
+
+
 @pytest.fixture
 def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """(endpoint URL, certificate file) of an https server on loopback."""
-    cert, key = tmp_path / "cert.pem", tmp_path / "key.pem"
-    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-                    "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"],
-                   check=True, capture_output=True)
+    """(endpoint URL, CA certificate file) of an https server on loopback whose
+    certificate that private CA signed (as a self-hosted store's would be)."""
+    ca, ca_key = tmp_path / "ca.pem", tmp_path / "ca-key.pem"
+    cert, key, csr = tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "cert.csr"
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(ca_key), "-out", str(ca), "-days", "1",
+             "-subj", "/CN=draftstore test CA")
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(csr), "-subj", "/CN=127.0.0.1")
+    ext = tmp_path / "ext.cnf"
+    ext.write_text("subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\n")
+    _openssl("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial",
+             "-out", str(cert), "-days", "1", "-extfile", str(ext))
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Answer)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
@@ -49,7 +63,7 @@ def tls_server(tmp_path: Path) -> Iterator[tuple[str, Path]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield f"https://127.0.0.1:{server.server_address[1]}", cert
+        yield f"https://127.0.0.1:{server.server_address[1]}", ca
     finally:
         server.shutdown()
         server.server_close()
@@ -60,7 +74,7 @@ def _store(endpoint: str) -> S3BlobStore:
                        aws_secret_access_key="s", cache=ObjectCache(0), check=False, max_attempts=1)
 
 
-def test_lean_reads_verify_against_the_ca_bundle_botocore_is_configured_with(
+def test_https_reads_verify_against_the_ca_bundle_botocore_is_configured_with(
         tls_server: tuple[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     endpoint, cert = tls_server
     monkeypatch.delenv("AWS_CA_BUNDLE", raising=False)
@@ -68,9 +82,8 @@ def test_lean_reads_verify_against_the_ca_bundle_botocore_is_configured_with(
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
     untrusted = _store(endpoint)
     try:
-        assert untrusted._reader is not None  # noqa: SLF001 - the lean path is the one under test
-        with pytest.raises(DraftstoreError):
-            untrusted._get_raw("objects/any")  # noqa: SLF001 - a self-signed server is not trusted
+        with pytest.raises(BackendUnavailable):  # a self-signed server is not trusted
+            untrusted.get(digest_of(BODY))
     finally:
         untrusted.close()
 
@@ -79,8 +92,7 @@ def test_lean_reads_verify_against_the_ca_bundle_botocore_is_configured_with(
     monkeypatch.setenv("AWS_CONFIG_FILE", str(config))
     trusted = _store(endpoint)
     try:
-        assert trusted._reader is not None and trusted._reader.ca_bundle == str(cert)  # noqa: SLF001
-        assert trusted._get_raw("objects/any") == b"served over tls"  # noqa: SLF001
+        assert trusted.get(digest_of(BODY)) == BODY
     finally:
         trusted.close()
 
@@ -88,6 +100,13 @@ def test_lean_reads_verify_against_the_ca_bundle_botocore_is_configured_with(
     monkeypatch.setenv("AWS_CA_BUNDLE", str(cert))
     by_env = _store(endpoint)
     try:
-        assert by_env._get_raw("objects/any") == b"served over tls"  # noqa: SLF001
+        assert by_env.get(digest_of(BODY)) == BODY
     finally:
         by_env.close()
+
+
+def test_an_unreadable_ca_bundle_is_a_config_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_CA_BUNDLE", str(tmp_path / "missing.pem"))
+    with pytest.raises(DraftstoreError) as info:
+        _store("https://127.0.0.1:1")
+    assert info.value.code == "config.invalid"

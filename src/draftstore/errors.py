@@ -2,7 +2,7 @@
 
 Every error raised on purpose by draftstore is a ``DraftstoreError`` with a
 stable, dotted ``code``. Callers (and the HTTP layer) branch on ``code``, never
-on the message. Errors from SQLAlchemy, psycopg, botocore and redis-py are
+on the message. Errors from SQLAlchemy, psycopg, obstore, botocore and redis-py are
 mapped at the backend boundary and chained with ``from``.
 
 Tree (code in brackets)::

@@ -3,7 +3,7 @@
 ``open_blob_store(url)`` picks the backend from the URL scheme:
 
 - ``file:///abs/path`` (or a plain path): ``DirectoryBlobStore``, the embedded default;
-- ``s3://bucket[/prefix]?endpoint_url=..&region=..``: ``S3BlobStore`` via boto3.
+- ``s3://bucket[/prefix]?endpoint_url=..&region=..``: ``S3BlobStore`` through obstore.
 """
 
 from __future__ import annotations

@@ -1,50 +1,66 @@
-"""Blob store backend: any S3-compatible object store, via boto3.
+"""Blob store backend: any S3-compatible object store, through obstore.
 
 URL form::
 
     s3://bucket[/prefix]?endpoint_url=http://127.0.0.1:8333&region=us-east-1[&create=1][&workers=16]
 
-Credentials come from boto3's default chain (``AWS_ACCESS_KEY_ID`` /
-``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles, ...); they never
-appear in the URL. Works with AWS S3, SeaweedFS, MinIO and R2.
+Every object request (GET, range GET, PUT, HEAD, LIST, DELETE) goes through
+obstore, the Python binding of Rust's ``object_store``: signing, the pooled
+keep-alive HTTP connections, retries with jittered backoff and response
+parsing happen in Rust, outside the GIL, for about 0.15-0.2 ms of CPU per
+small request (botocore spends about 1 ms).
 
-Error mapping at this boundary (botocore never leaks out):
+Credentials come from boto3's default chain (``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, ``AWS_PROFILE``, instance roles, ...) through
+obstore's boto3 credential provider; they never appear in the URL. An https
+endpoint is verified against the system's CAs plus the CA bundle botocore is
+configured with (``AWS_CA_BUNDLE``, or ``ca_bundle`` in the AWS config file).
+Works with AWS S3, SeaweedFS, MinIO and R2.
+
+boto3 is still called for one thing obstore cannot do: creating a missing
+bucket (``create=1``); ``object_store`` has no bucket operations.
+
+obstore's client does not survive ``fork()`` (its Rust runtime's threads stay in
+the parent; a request in the child would wait forever): a store used in a
+forked child raises ``backend.error`` instead, so open stores after forking
+(``draftstore serve --workers`` spawns its workers, it does not fork them).
+
+Error mapping at this boundary (``s3errors``; obstore's errors never leak out):
 
 - a missing object is ``None`` from ``_get_raw`` (``blob.not_found`` from ``get``);
 - an unreachable endpoint, a timeout, missing or rejected credentials, a missing
   bucket, throttling or a 5xx answer: ``BackendUnavailable`` [backend.unavailable],
   chained with ``from``;
-- any other S3 or botocore error: ``BackendError`` [backend.error], chained.
+- any other S3 error: ``BackendError`` [backend.error], chained.
 """
 
 from __future__ import annotations
 
+import os
 import threading
-import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, NoReturn, TypeVar
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 import boto3
 import botocore.session
-from botocore.config import Config
-from botocore.exceptions import (
-    BotoCoreError,
-    ClientError,
-    ConnectionError as BotoConnectionError,
-    HTTPClientError,
-    NoCredentialsError,
-    PartialCredentialsError,
-)
+import obstore
+from obstore.auth.boto3 import Boto3CredentialProvider
+from obstore.exceptions import BaseError as ObstoreError
+from obstore.store import S3Store
 
 from ..digest import Digest, digest_of
 from ..errors import BackendError, BackendUnavailable, ConfigInvalid
 from ..pools import settle, start_workers
 from .base import BlobStoreBase, object_key
 from .cache import ObjectCache
-from .s3lean import AUTH_CODES, MAX_LEAN_PUT, TRANSIENT_CODES, LeanClient
+from .s3errors import NO_BUCKET, is_missing_object, is_past_the_end, map_s3_error
+
+if TYPE_CHECKING:
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 K = TypeVar("K")
 R = TypeVar("R")
@@ -52,62 +68,47 @@ R = TypeVar("R")
 __all__ = ["S3BlobStore"]
 
 DEFAULT_WORKERS = 16
-
-# S3 error codes that mean "no such object" (GET says NoSuchKey, HEAD only has a status).
-_NOT_FOUND_CODES = {"NoSuchKey", "404", "NotFound"}
-_NO_BUCKET_CODES = {"NoSuchBucket"}
-# Rejected identity: the store is there but we cannot use it.
-_AUTH_CODES = {"403"} | AUTH_CODES
-_TRANSIENT_CODES = {"503", "500"} | TRANSIENT_CODES
+# a body up to this size is one PUT (one request, nothing left behind if it fails); a bigger
+# one is a multipart upload in parts of MULTIPART_PART bytes, several at a time
+SINGLE_PUT_MAX = 256 * 1024 * 1024
+MULTIPART_PART = 16 * 1024 * 1024
+# obstore caches the credentials it is handed until they expire: botocore refreshes
+# temporary credentials 10-15 minutes before they lapse, so five minutes is always safe
+CREDENTIALS_TTL = timedelta(minutes=5)
+# what obstore and botocore raise on a failed request (FileNotFoundError is an OSError)
+_FAILURES = (ObstoreError, OSError, ValueError, RuntimeError)
 
 _TRUE = {"1", "true", "yes", "on"}
 
 
-def _error_code(exc: ClientError) -> str:
-    err = exc.response.get("Error", {}) if isinstance(exc.response, dict) else {}
-    return str(err.get("Code") or exc.response.get("ResponseMetadata", {}).get("HTTPStatusCode", ""))
-
-
-def _no_expect_continue(request: Any, **_: Any) -> None:
-    """Drop ``Expect: 100-continue`` from small PUTs.
-
-    botocore asks the server for a go-ahead before sending any PutObject body:
-    one more round trip per object. Our objects are small (tree nodes, source
-    files) and content-addressed, so a rejected body costs nothing to resend;
-    measured here, the round trip is 10-15% of a 1 KiB PUT.
-    """
-    if "Expect" not in request.headers:
-        return
+def _root_certificates(session: botocore.session.Session) -> str | None:
+    """PEM text of the CA bundle botocore is configured with (``AWS_CA_BUNDLE`` or
+    ``ca_bundle`` in the AWS config file), or None. Raises ``config.invalid`` if it
+    names a file that cannot be read."""
+    path = session.get_config_variable("ca_bundle")
+    if not path:
+        return None
     try:
-        size = int(request.headers.get("Content-Length", ""))
-    except ValueError:
-        return
-    if size <= _EXPECT_CONTINUE_ABOVE:
-        del request.headers["Expect"]
-
-
-_EXPECT_CONTINUE_ABOVE = 8 * 1024 * 1024
-
-
-def _proxied(endpoint_url: str) -> bool:
-    """True if the environment sends requests to ``endpoint_url`` through a proxy
-    (``HTTP(S)_PROXY`` without a ``NO_PROXY`` match): botocore honours that, the
-    lean reader does not, so such a store reads through botocore."""
-    parts = urlsplit(endpoint_url)
-    return bool(urllib.request.getproxies().get(parts.scheme)) and not urllib.request.proxy_bypass(parts.netloc)
+        with open(path, encoding="ascii") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigInvalid(f"cannot read the S3 CA bundle {path!r}: {exc}", ca_bundle=str(path)) from exc
 
 
 class S3BlobStore(BlobStoreBase):
     """Content-addressed objects in one S3 bucket, under an optional key prefix.
 
-    Guarantees (beyond ``BlobStore``'s): one request per ``put`` (no HEAD
-    first: an object's key is its digest, so a repeated PUT writes the same
-    bytes and is harmless); ``put_many`` uploads in parallel on a bounded
-    thread pool and returns only after every upload finished, raising the
-    first failure; the bucket is checked when the store is opened, so a
-    wrong endpoint, bad credentials or a missing bucket fail at once with
-    ``backend.unavailable`` (``create=True`` creates a missing bucket instead).
-    Thread-safe: one botocore client is shared, as botocore allows.
+    Guarantees (beyond ``BlobStore``'s): one request per ``put`` up to
+    ``SINGLE_PUT_MAX`` bytes (no HEAD first: an object's key is its digest,
+    so a repeated PUT writes the same bytes and is harmless); ``put_many``
+    uploads in parallel on a bounded thread pool and returns only after
+    every upload finished, raising the first failure; each request is tried
+    up to ``max_attempts`` times on a connection error, a timeout or a 5xx
+    answer; the bucket is checked when the store is opened, so a wrong
+    endpoint, bad credentials or a missing bucket fail at once with
+    ``backend.unavailable`` (``create=True`` creates a missing bucket
+    instead). Thread-safe: one obstore client (one connection pool) is
+    shared by every thread. ``calls`` counts the requests sent, by kind.
     """
 
     def __init__(
@@ -127,8 +128,6 @@ class S3BlobStore(BlobStoreBase):
         read_timeout_s: float = 10.0,
         max_attempts: int = 3,
         addressing_style: str | None = None,
-        lean_reads: bool = True,
-        lean_writes: bool = True,
         check: bool = True,
     ) -> None:
         super().__init__(cache)
@@ -137,11 +136,13 @@ class S3BlobStore(BlobStoreBase):
         prefix = prefix.strip("/")
         if any(seg in ("", ".", "..") for seg in prefix.split("/")) and prefix:
             raise ConfigInvalid(f"bad S3 key prefix {prefix!r}", prefix=prefix)
+        if addressing_style not in (None, "auto", "path", "virtual"):
+            raise ConfigInvalid(f"addressing_style must be auto, path or virtual, not {addressing_style!r}")
         self.bucket = bucket
         self.prefix = f"{prefix}/" if prefix else ""
         self.endpoint_url = endpoint_url
-        self.region = region
         self.workers = max(1, int(workers))
+        self.max_attempts = max(1, int(max_attempts))
         query: dict[str, str] = {}
         if endpoint_url:
             query["endpoint_url"] = endpoint_url
@@ -151,58 +152,68 @@ class S3BlobStore(BlobStoreBase):
         if query:
             self.url += "?" + urlencode(query)
 
-        style = addressing_style or ("path" if endpoint_url else "auto")
-        config = Config(
-            # Small objects dominate (tree nodes, file blobs): fail fast on a dead
-            # endpoint, retry transient errors a few times with jittered backoff,
-            # and keep one pooled connection per upload worker so put_many never
-            # queues for a socket.
-            connect_timeout=connect_timeout_s,
-            read_timeout=read_timeout_s,
-            # total_max_attempts counts the first try; botocore's max_attempts counts retries only
-            retries={"total_max_attempts": max_attempts, "mode": "standard"},
-            max_pool_connections=self.workers + 4,
-            tcp_keepalive=True,
-            # A custom endpoint (SeaweedFS, MinIO, a loopback address) rarely has
-            # per-bucket DNS names; path-style addressing works everywhere there.
-            s3={"addressing_style": style},
-        )
-        # A private Session: boto3's default session is not safe to share across threads.
-        # (built on a botocore session of our own, whose configuration is public API)
+        # A private session: boto3's default session is not safe to share across threads.
         core = botocore.session.Session()
-        session = boto3.session.Session(
+        self._session = boto3.session.Session(
             botocore_session=core,
             aws_access_key_id=aws_access_key_id,
             aws_secret_access_key=aws_secret_access_key,
             aws_session_token=aws_session_token,
             region_name=region,
         )
-        try:
-            self._client = session.client("s3", endpoint_url=endpoint_url, config=config)
-        except (BotoCoreError, ValueError) as exc:
-            raise ConfigInvalid(f"cannot configure S3 client for {self.url}: {exc}", url=self.url) from exc
-        self._client.meta.events.register_first("before-send.s3.PutObject", _no_expect_continue)
-        # GETs and small PUTs skip botocore's request pipeline (s3lean); path-style endpoints only
-        self._lean: LeanClient | None = None
-        lean = (lean_reads or lean_writes) and endpoint_url and style == "path" and not _proxied(endpoint_url)
-        credentials = session.get_credentials() if lean else None
-        if credentials is not None:
-            # the CA bundle botocore verifies with (AWS_CA_BUNDLE, or ca_bundle in the AWS config file)
-            ca_bundle = core.get_config_variable("ca_bundle")
-            self._lean = LeanClient(endpoint_url or "", bucket, credentials,
-                                    self._client.meta.region_name or "us-east-1",
-                                    connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s,
-                                    max_attempts=max_attempts, ca_bundle=ca_bundle)
-        self._reader = self._lean if lean_reads else None
-        self._writer = self._lean if lean_writes else None
+        self.region = self._session.region_name or "us-east-1"
+        # A custom endpoint (SeaweedFS, MinIO, a loopback address) rarely has per-bucket
+        # DNS names; path-style addressing works everywhere there.
+        self._style = "path" if addressing_style in (None, "auto") and endpoint_url else (addressing_style or "auto")
+        if self._session.get_credentials() is None:
+            raise BackendUnavailable(
+                f"no usable S3 credentials for bucket {bucket!r} (set AWS_ACCESS_KEY_ID / "
+                "AWS_SECRET_ACCESS_KEY or an AWS profile)", bucket=bucket, operation="open")
+        self._store: S3Store | None = self._open(
+            prefix, _root_certificates(core), connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
+        self._pid = os.getpid()
         self._pool: ThreadPoolExecutor | None = None
         self._pool_lock = threading.Lock()
-        # requests sent, by kind (get, get_range, head, put): for operators and benchmarks
+        # requests sent, by kind (get, get_range, head, put, delete; list counts listings): for operators
+        # and benchmarks
         self.calls: Counter[str] = Counter()
         self._calls_lock = threading.Lock()
         if check:
             self._check_bucket(create)
-            self._warm_up()
+            start_workers(self._executor(), self.workers, self.warm_thread)
+
+    def _open(self, prefix: str, root_certificates: str | None, *, connect_timeout_s: float,
+              read_timeout_s: float) -> S3Store:
+        """The obstore client: timeouts, retries, TLS roots and addressing of this store."""
+        endpoint = self.endpoint_url
+        config: S3Config = {"region": self.region, "virtual_hosted_style_request": self._style == "virtual"}
+        if endpoint:
+            parts = urlsplit(endpoint)
+            if parts.scheme not in ("http", "https") or not parts.hostname:
+                raise ConfigInvalid(f"endpoint_url must be an http(s) URL, not {endpoint!r}", url=self.url)
+            if self._style == "virtual":  # obstore wants the bucket in a virtual-hosted endpoint
+                endpoint = f"{parts.scheme}://{self.bucket}.{parts.netloc}{parts.path}"
+            config["endpoint"] = endpoint.rstrip("/")
+        client: ClientConfig = {
+            "allow_http": bool(endpoint) and urlsplit(endpoint or "").scheme == "http",
+            "connect_timeout": timedelta(seconds=connect_timeout_s),
+            # per read of the answer: a hung endpoint fails the attempt; a large, slow body does not
+            "read_timeout": timedelta(seconds=read_timeout_s),
+            "timeout": timedelta(hours=1),
+            # one idle connection kept per transfer thread, so parallel requests never wait to connect
+            "pool_max_idle_per_host": str(self.workers + 4),
+        }
+        if root_certificates:
+            client["root_certificate"] = root_certificates
+        retry: RetryConfig = {"max_retries": self.max_attempts - 1,
+                 "backoff": {"init_backoff": timedelta(milliseconds=50), "max_backoff": timedelta(seconds=1),
+                             "base": 2}}
+        try:
+            return S3Store(self.bucket, prefix=prefix or None, config=config, client_options=client,
+                           retry_config=retry,
+                           credential_provider=Boto3CredentialProvider(self._session, ttl=CREDENTIALS_TTL))
+        except (ObstoreError, ValueError) as exc:
+            raise ConfigInvalid(f"cannot configure the S3 client for {self.url}: {exc}", url=self.url) from exc
 
     # -- construction --------------------------------------------------------------
     @classmethod
@@ -210,12 +221,12 @@ class S3BlobStore(BlobStoreBase):
         """Open ``s3://bucket[/prefix]?endpoint_url=..&region=..&create=1&workers=N``.
 
         Also ``connect_timeout`` and ``read_timeout`` (seconds, default 3 and
-        10) and ``max_attempts`` (attempts per request, retries included,
+        10), ``max_attempts`` (attempts per request, retries included,
         default 3): how long an operation waits on a dead or hung endpoint
-        before it fails with ``backend.unavailable``. ``lean_reads=0`` sends GETs
-        and ``lean_writes=0`` sends PUTs through botocore too (by default a
-        path-style store signs them with botocore and sends them itself:
-        ``s3lean``).
+        before it fails with ``backend.unavailable``; and
+        ``addressing_style`` (``path``, ``virtual`` or ``auto``).
+        ``lean_reads`` and ``lean_writes`` are accepted and ignored (every
+        request goes through obstore).
 
         Raises ``config.invalid`` on a malformed URL and ``backend.unavailable``
         if the bucket cannot be reached.
@@ -255,186 +266,142 @@ class S3BlobStore(BlobStoreBase):
             create=query.get("create", "").lower() in _TRUE,
             workers=workers,
             addressing_style=query.get("addressing_style") or None,
-            lean_reads=query.get("lean_reads", "1").lower() in _TRUE,
-            lean_writes=query.get("lean_writes", "1").lower() in _TRUE,
             cache=cache,
             **kwargs,
         )
 
     def _check_bucket(self, create: bool) -> None:
+        """One GET of a key that does not exist: it proves the endpoint, the credentials
+        and the bucket, and pays the fixed costs of a first request (a connection, the
+        credentials) now rather than in a read."""
         try:
-            self._client.head_bucket(Bucket=self.bucket)
+            self._get_raw("objects/.warm-up")
             return
-        except ClientError as exc:
-            code = _error_code(exc)
-            if code not in _NOT_FOUND_CODES and code not in _NO_BUCKET_CODES:
-                self._raise("open bucket", exc)
+        except BackendUnavailable as exc:
+            if exc.details.get("s3_code") != NO_BUCKET:
+                raise
             if not create:
                 raise BackendUnavailable(
                     f"S3 bucket {self.bucket!r} does not exist at {self.endpoint_url or 'AWS'} "
                     "(create it, or add create=1 to the blob URL)",
                     bucket=self.bucket,
                 ) from exc
-        except (BotoCoreError, ValueError) as exc:
-            self._raise("open bucket", exc)
+        self._create_bucket()
+
+    def _create_bucket(self) -> None:
+        """Create the bucket with boto3: ``object_store`` has no bucket operations."""
+        from botocore.config import Config
+        from botocore.exceptions import BotoCoreError, ClientError
+
         try:
+            client = self._session.client(
+                "s3", endpoint_url=self.endpoint_url,
+                config=Config(s3={"addressing_style": self._style}, retries={"total_max_attempts": self.max_attempts}))
             kwargs: dict[str, Any] = {"Bucket": self.bucket}
             # us-east-1 is the one region that refuses an explicit location constraint.
-            if self.region and self.region != "us-east-1":
+            if self.region != "us-east-1":
                 kwargs["CreateBucketConfiguration"] = {"LocationConstraint": self.region}
-            self._client.create_bucket(**kwargs)
+            try:
+                client.create_bucket(**kwargs)
+            finally:
+                client.close()
         except ClientError as exc:
-            # Someone else created it between our HEAD and CREATE: that is what we wanted.
-            if _error_code(exc) not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
-                self._raise("create bucket", exc)
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            # Someone else created it between our GET and CREATE: that is what we wanted.
+            if code not in {"BucketAlreadyOwnedByYou", "BucketAlreadyExists"}:
+                raise BackendUnavailable(f"cannot create S3 bucket {self.bucket!r}: {code}", bucket=self.bucket,
+                                         operation="create bucket", s3_code=code) from exc
         except (BotoCoreError, ValueError) as exc:
-            self._raise("create bucket", exc)
-
-    def warm_thread(self) -> None:
-        """Open the calling thread's connection of the lean client (GETs and PUTs
-        alike; a single read runs on the caller's thread, so the store's read pool
-        and this store's transfer pool call this as their threads start)."""
-        if self._lean is not None:
-            self._lean.warm()
-
-    def _warm_up(self) -> None:
-        """Pay the fixed costs of the first read now, not in a request: the first
-        GET (one of a key that does not exist: the lean reader's connection, or
-        botocore's operation model, serializer and handlers) and the start of the
-        worker threads of parallel reads, each with its connection open."""
-        try:
-            self._get_raw("objects/.warm-up")
-        except (BackendError, BackendUnavailable):
-            pass  # the first real read says so, typed
-        start_workers(self._executor(), self.workers, self.warm_thread)
+            raise BackendUnavailable(f"cannot create S3 bucket {self.bucket!r}: {exc}", bucket=self.bucket,
+                                     operation="create bucket") from exc
 
     # -- error mapping ---------------------------------------------------------------
-    def _raise(self, op: str, exc: Exception, key: str | None = None) -> NoReturn:
-        """Map a botocore error to the draftstore family, chained with ``from``."""
-        where = f"s3://{self.bucket}" + (f"/{key}" if key else "")
-        details: dict[str, Any] = {"bucket": self.bucket, "operation": op}
-        if isinstance(exc, ClientError):
-            code = _error_code(exc)
-            details["s3_code"] = code
-            if code in _NO_BUCKET_CODES:
-                raise BackendUnavailable(f"S3 bucket {self.bucket!r} does not exist ({op})", **details) from exc
-            if code in _AUTH_CODES:
-                raise BackendUnavailable(
-                    f"S3 rejected the credentials for bucket {self.bucket!r} ({op}: {code})", **details
-                ) from exc
-            if code == "InvalidBucketName":
-                raise ConfigInvalid(f"invalid S3 bucket name {self.bucket!r}", **details) from exc
-            if code in _TRANSIENT_CODES or code.startswith("5"):
-                raise BackendUnavailable(f"S3 unavailable during {op} on {where}: {code}", **details) from exc
-            raise BackendError(f"S3 error during {op} on {where}: {code}", **details) from exc
-        if isinstance(exc, (NoCredentialsError, PartialCredentialsError)):
-            raise BackendUnavailable(
-                f"no usable S3 credentials for bucket {self.bucket!r} (set AWS_ACCESS_KEY_ID / "
-                "AWS_SECRET_ACCESS_KEY or an AWS profile)",
-                **details,
-            ) from exc
-        if isinstance(exc, (BotoConnectionError, HTTPClientError)):
-            raise BackendUnavailable(
-                f"S3 endpoint {self.endpoint_url or 'AWS'} unreachable during {op}: {exc}", **details
-            ) from exc
-        raise BackendError(f"S3 client error during {op} on {where}: {exc}", **details) from exc
+    def _raise(self, op: str, exc: BaseException, key: str | None = None) -> NoReturn:
+        """Map an obstore error to the draftstore family (``s3errors``), chained with ``from``."""
+        where = f"s3://{self.bucket}/" + (self.prefix + key if key else self.prefix)
+        raise map_s3_error(exc, bucket=self.bucket, operation=op, where=where,
+                           endpoint=self.endpoint_url or "AWS", attempts=self.max_attempts) from exc
 
     # -- raw hooks -------------------------------------------------------------------
-    def _key(self, key: str) -> str:
-        return self.prefix + key
-
-    def _count(self, op: str) -> None:
+    def _client(self, op: str) -> S3Store:
+        """The obstore client, counting one request of kind ``op``; ``backend.error`` once closed
+        or in a forked child."""
+        store = self._store
+        if store is None:
+            raise BackendError("the S3 blob store is closed", bucket=self.bucket, operation=op)
+        if os.getpid() != self._pid:
+            raise BackendError("an S3 blob store cannot be used across fork(); open it in the child process",
+                               bucket=self.bucket, operation=op)
         with self._calls_lock:
             self.calls[op] += 1
+        return store
 
     def _put_raw(self, key: str, data: bytes) -> None:
-        self._count("put")
-        if self._writer is not None and len(data) <= MAX_LEAN_PUT:
-            self._writer.put(self._key(key), data)
-            return
+        store = self._client("put")
         try:
-            self._client.put_object(Bucket=self.bucket, Key=self._key(key), Body=data)
-        except (ClientError, BotoCoreError) as exc:
+            obstore.put(store, key, data, use_multipart=len(data) > SINGLE_PUT_MAX, chunk_size=MULTIPART_PART)
+        except _FAILURES as exc:
             self._raise("put", exc, key)
 
     def _get_raw(self, key: str) -> bytes | None:
-        self._count("get")
-        if self._reader is not None:
-            return self._reader.get(self._key(key))
+        store = self._client("get")
         try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key))
-            return resp["Body"].read()
-        except ClientError as exc:
-            if _error_code(exc) in _NOT_FOUND_CODES:
+            return bytes(obstore.get(store, key).bytes())
+        except _FAILURES as exc:
+            if is_missing_object(exc):
                 return None
-            self._raise("get", exc, key)
-        except BotoCoreError as exc:
             self._raise("get", exc, key)
 
     def _get_range_raw(self, key: str, start: int, length: int) -> bytes | None:
         if length <= 0:
             return b""
-        self._count("get_range")
-        if self._reader is not None:
-            return self._reader.get_range(self._key(key), start, length)
+        store = self._client("get_range")
         try:
-            resp = self._client.get_object(Bucket=self.bucket, Key=self._key(key),
-                                           Range=f"bytes={start}-{start + length - 1}")
-            return resp["Body"].read()
-        except ClientError as exc:
-            code = _error_code(exc)
-            if code in _NOT_FOUND_CODES:
+            return bytes(obstore.get_range(store, key, start=start, length=length))
+        except _FAILURES as exc:
+            if is_missing_object(exc):
                 return None
-            if code in ("InvalidRange", "416"):  # the range starts past the end
+            if is_past_the_end(exc):
                 return b""
-            self._raise("get range", exc, key)
-        except BotoCoreError as exc:
             self._raise("get range", exc, key)
 
     def _has_raw(self, key: str) -> bool:
         return self._modified_raw(key) is not None
 
     def _modified_raw(self, key: str) -> float | None:
-        self._count("head")
+        store = self._client("head")
         try:
-            return self._client.head_object(Bucket=self.bucket, Key=self._key(key))["LastModified"].timestamp()
-        except ClientError as exc:
-            if _error_code(exc) in _NOT_FOUND_CODES:
+            return obstore.head(store, key)["last_modified"].timestamp()
+        except _FAILURES as exc:
+            # a HEAD answer has no body: a 404 may be a missing bucket too, which the next GET or PUT names
+            if isinstance(exc, FileNotFoundError):
                 return None
-            self._raise("head", exc, key)
-        except BotoCoreError as exc:
             self._raise("head", exc, key)
 
     def _delete_raw(self, key: str) -> None:
         # S3 DELETE of an absent key succeeds: "absent is not an error" for free.
+        store = self._client("delete")
         try:
-            self._client.delete_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as exc:
-            if _error_code(exc) in _NOT_FOUND_CODES:
+            obstore.delete(store, key)
+        except _FAILURES as exc:
+            if is_missing_object(exc):
                 return
             self._raise("delete", exc, key)
-        except BotoCoreError as exc:
-            self._raise("delete", exc, key)
-
-    def _iter_raw(self, prefix: str) -> Iterator[str]:
-        paginator = self._client.get_paginator("list_objects_v2")
-        cut = len(self.prefix)
-        try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
-                for obj in page.get("Contents", ()):
-                    yield obj["Key"][cut:]
-        except (ClientError, BotoCoreError) as exc:
-            self._raise("list", exc, prefix)
 
     def _list_raw(self, prefix: str) -> Iterator[tuple[str, int, float]]:
-        paginator = self._client.get_paginator("list_objects_v2")
-        cut = len(self.prefix)
+        # keys come back relative to the store's prefix; S3 answers 1,000 keys a request, and
+        # `calls["list"]` counts listings, not their pages
+        store = self._client("list")
         try:
-            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
-                for obj in page.get("Contents", ()):
-                    yield obj["Key"][cut:], int(obj["Size"]), obj["LastModified"].timestamp()
-        except (ClientError, BotoCoreError) as exc:
+            for chunk in obstore.list(store, prefix, chunk_size=1000):
+                for meta in chunk:
+                    yield meta["path"], int(meta["size"]), meta["last_modified"].timestamp()
+        except _FAILURES as exc:
             self._raise("list", exc, prefix)
+
+    def _iter_raw(self, prefix: str) -> Iterator[str]:
+        for key, _, _ in self._list_raw(prefix):
+            yield key
 
     # -- parallel upload ---------------------------------------------------------------
     def _executor(self) -> ThreadPoolExecutor:
@@ -506,17 +473,13 @@ class S3BlobStore(BlobStoreBase):
         return self._on_pool(self._get_range, todo)
 
     def close(self) -> None:
-        """Stop the upload pool and close the HTTP connections. Idempotent."""
+        """Stop the transfer pool and drop the client (its connections close with it).
+        Idempotent; later requests raise ``backend.error``."""
         with self._pool_lock:
             pool, self._pool = self._pool, None
         if pool is not None:
             pool.shutdown(wait=True)
-        if self._lean is not None:
-            self._lean.close()
-        try:
-            self._client.close()
-        except Exception:  # closing is best effort; nothing to recover
-            pass
+        self._store = None
 
     def __repr__(self) -> str:
         return f"S3BlobStore({self.url!r})"
