@@ -6,6 +6,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .pooler import undeclared_pooler
+
 __all__ = ["OneShot", "wrap_driver_error"]
 
 
@@ -68,9 +70,15 @@ class OneShot:
             raise wrap_driver_error(exc, self.sql, params) from exc
 
 
-def wrap_driver_error(exc: Exception, sql: str, params: dict[str, Any]) -> sa.exc.DBAPIError:
-    """psycopg's error as SQLAlchemy's of the same family (``IntegrityError``, ...)."""
+def wrap_driver_error(exc: Exception, sql: str, params: dict[str, Any]) -> Exception:
+    """psycopg's error as SQLAlchemy's of the same family (``IntegrityError``, ...), or
+    ``backend.pooler`` for the symptom of an undeclared pooler (``pooler.py``), as an
+    engine's own statements get it."""
     import psycopg
+
+    pooled = undeclared_pooler(exc)
+    if pooled is not None:
+        return pooled
 
     wrapper: type[sa.exc.DBAPIError] = sa.exc.DBAPIError
     for base, mapped in ((psycopg.IntegrityError, sa.exc.IntegrityError),
