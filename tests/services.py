@@ -162,7 +162,8 @@ class PgBouncer:
     (``* =`` in ``[databases]``), as the same user, with ``auth_type = trust``
     (the user listed in an ``auth_file``, which trust still requires). At most
     ``pool_size`` server connections per database are shared by all clients, so
-    consecutive transactions of one client land on different server connections.
+    consecutive transactions of one client land on different server connections; a client
+    that waits ``query_wait_timeout`` (30 s) for one is disconnected with an error.
     PgBouncer refuses to run as root; as root it is started with ``-u`` and the
     account PostgreSQL runs as (it reads its config, in our private temp
     directory, before it switches).
@@ -191,7 +192,7 @@ class PgBouncer:
             f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
             f"auth_type = trust\nauth_file = {root / 'users.txt'}\n"
             f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = 2000\n"
-            "server_login_retry = 1\n")
+            "server_login_retry = 1\nquery_wait_timeout = 30\n")
         cmd = [binary]
         if os.geteuid() == 0:
             cmd += ["-u", _unprivileged_user()]

@@ -7,16 +7,18 @@ migrated directly (each database is copied from the migrated template). Through 
 
 - the whole lifecycle (start a turn, tool calls, writes, patches, interrupt, continue,
   complete, publish, read back from a fresh store) with every hot statement run far
-  beyond psycopg's prepare threshold of 5 on one connection, on a PgBouncer sharing two
-  server connections among all clients: the failure a new user meets
-  (``prepared statement "_pg3_0" already exists``) is gone, and every pool of the store
-  (transactions, one-statement autocommit, group commit) has prepared statements off;
+  beyond psycopg's prepare threshold of 5 on one connection, on a PgBouncer with one
+  server connection shared by all clients: the failure a new user meets
+  (``prepared statement "_pg3_0" already exists``) is gone, every pool of the store
+  (transactions, one-statement autocommit, group commit) has prepared statements off,
+  and no operation of it holds a transaction while it waits for another connection;
 - the same lifecycle through the same PgBouncer without the declaration fails with
   ``backend.pooler`` naming the parameter, not with a bare driver error;
 - ``draftstore db upgrade`` (and ``Store.open(migrate=True)``) through the pooler refuses
   with ``config.pooled_migration`` and changes nothing; run directly, it migrates, and
   the pooled store opens on the result;
-- the kill -9 stories (tests/test_crash_recovery.py, tests/test_faults_kill.py), the
+- the kill -9 campaign (tests/test_faults_kill.py: workers killed at every fault point
+  and at random moments), the
   two-process stories (tests/test_service_processes.py) and the group-commit stories
   (tests/test_group_commit.py: pipelined ``BEGIN`` ... ``COMMIT``), run once more here:
   their bodies are imported, and this module's ``stack`` routes them through the pooler.
@@ -42,11 +44,6 @@ from draftstore.db.migrate import current_revision, head_revision
 from services import PgBouncer, PostgresDatabase, RedisServer, S3Service, token
 
 # the stories run again through the pooler (collected here, so this module's ``stack`` is theirs)
-from test_crash_recovery import (  # noqa: F401
-    test_a_publisher_killed_before_its_commit_leaves_the_draft_open_and_publishable,
-    test_a_worker_killed_while_ending_its_turn_leaves_it_running_and_the_sweep_seals_it,
-    test_a_write_killed_before_its_commit_is_absent_and_names_no_missing_blob,
-)
 from test_faults_kill import (  # noqa: F401
     test_workers_killed_at_every_fault_point_and_at_random_moments_lose_nothing_acknowledged, zygote)
 from test_group_commit import (  # noqa: F401
@@ -77,9 +74,11 @@ def real_pgbouncer() -> Iterator[PgBouncer]:
 
 @pytest.fixture(scope="module")
 def narrow_pgbouncer() -> Iterator[PgBouncer]:
-    """The same with two server connections a database: clients' transactions land on shared
-    server connections all the time, as under load."""
-    bouncer = PgBouncer.start(pool_size=2)
+    """The same with ONE server connection a database: every client's transactions share it. A
+    statement one client prepared is there when another prepares its own under the same name; an
+    operation that held a transaction while it waited for a second connection would wait for
+    itself (PgBouncer gives up after ``query_wait_timeout``)."""
+    bouncer = PgBouncer.start(pool_size=1)
     yield bouncer
     bouncer.stop()
 
