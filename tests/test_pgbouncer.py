@@ -18,7 +18,8 @@ migrated directly (each database is copied from the migrated template). Through 
   with ``config.pooled_migration`` and changes nothing; run directly, it migrates, and
   the pooled store opens on the result;
 - the kill -9 campaign (tests/test_faults_kill.py: workers killed at every fault point
-  and at random moments), the
+  and at random moments), the server connection killed inside each kind of transaction
+  (tests/test_faults_outages.py: a typed retryable error, no partial state), the
   two-process stories (tests/test_service_processes.py) and the group-commit stories
   (tests/test_group_commit.py: pipelined ``BEGIN`` ... ``COMMIT``), run once more here:
   their bodies are imported, and this module's ``stack`` routes them through the pooler.
@@ -46,6 +47,9 @@ from services import PgBouncer, PostgresDatabase, RedisServer, S3Service, token
 # the stories run again through the pooler (collected here, so this module's ``stack`` is theirs)
 from test_faults_kill import (  # noqa: F401
     test_workers_killed_at_every_fault_point_and_at_random_moments_lose_nothing_acknowledged, zygote)
+from test_faults_outages import (  # noqa: F401
+    killer, opened, pg_db,
+    test_pg_connection_killed_inside_each_transaction_leaves_no_partial_state_and_the_retry_succeeds)
 from test_group_commit import (  # noqa: F401
     test_a_broken_constraint_rolls_the_group_back_and_each_call_then_runs_alone,
     test_calls_queued_behind_a_running_group_commit_together_and_each_gets_its_answer,
@@ -100,6 +104,15 @@ def urls_through(request: pytest.FixtureRequest, database_url: str) -> dict[str,
 def stack(request: pytest.FixtureRequest, real_pgbouncer: PgBouncer) -> dict[str, str]:
     """The real stack with its database reached through PgBouncer, declared (``?pooler=transaction``)."""
     return urls_through(request, real_pgbouncer.url(fresh_database(request).name))
+
+
+@pytest.fixture
+def pg_store(pg_db: PostgresDatabase, real_pgbouncer: PgBouncer, real_s3: S3Service, real_redis: RedisServer,
+             opened: Any) -> Store:
+    """tests/test_faults_outages.py's store on its own database, reached through PgBouncer: the server
+    connection killed under a transaction is PgBouncer's, which then drops its client."""
+    return opened({"database_url": real_pgbouncer.url(pg_db.name), "blob_url": real_s3.url(f"t-{token()}"),
+                   "coord_url": real_redis.url(token())})
 
 
 # -- the lifecycle ----------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from ..private import private_file
 from ..validation import dump_json
 from . import pooler
 
-__all__ = ["create_db_engine", "is_sqlite", "server_closed"]
+__all__ = ["create_db_engine", "is_sqlite", "lost_connection", "server_closed"]
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -44,6 +44,13 @@ def server_closed(dbapi_conn: Any) -> bool:
     except (OSError, ValueError):
         return True
     return bool(ready)
+
+
+def lost_connection(exc: BaseException, statement: Any, params: Any) -> sa.exc.OperationalError:
+    """The driver's ``exc``, raised on a connection it reports broken, as the lost connection it is."""
+    err = sa.exc.OperationalError(statement, params, exc)
+    err.__cause__ = exc
+    return err
 
 
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
@@ -114,6 +121,15 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
             # instead of failing the caller's operation: a pre-ping without the round trip.
             if server_closed(dbapi_conn):
                 raise sa.exc.DisconnectionError("the server closed this pooled connection")
+
+        @event.listens_for(engine, "handle_error")
+        def _lost_is_operational(ctx: Any) -> Exception | None:
+            # A connection lost under a statement is an OperationalError on a direct connection. Behind
+            # PgBouncer, a server connection that died under a client's transaction reaches psycopg as
+            # two answers to one command (an InternalError), the connection marked broken: the same loss.
+            if ctx.is_disconnect and not isinstance(ctx.sqlalchemy_exception, sa.exc.OperationalError):
+                return lost_connection(ctx.original_exception, ctx.statement, ctx.parameters)
+            return None
 
         return engine
     return sa.create_engine(u, **kwargs)
