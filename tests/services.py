@@ -9,6 +9,9 @@ No mocks: each helper talks to a real server. Where a server comes from:
 - Redis: ``DRAFTSTORE_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``).
   Each session gets a random key prefix; its keys are deleted at the end
   (never FLUSHALL).
+- PgBouncer: the binary at ``DRAFTSTORE_TEST_PGBOUNCER`` (default Debian's
+  ``/usr/sbin/pgbouncer``), started per session in front of that PostgreSQL in
+  transaction pooling, on a free loopback port, and stopped at the end.
 - S3: ``DRAFTSTORE_TEST_S3_ENDPOINT`` plus the ``AWS_ACCESS_KEY_ID`` /
   ``AWS_SECRET_ACCESS_KEY`` environment (what ``.ci/run`` sets); otherwise a
   private SeaweedFS is started with ``infra/seaweedfs.py`` in a temp dir and
@@ -23,8 +26,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import secrets
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -37,10 +44,12 @@ REPO = Path(__file__).resolve().parent.parent
 ENV_PG = "DRAFTSTORE_TEST_PG_URL"
 ENV_REDIS = "DRAFTSTORE_TEST_REDIS_URL"
 ENV_S3 = "DRAFTSTORE_TEST_S3_ENDPOINT"
+ENV_PGBOUNCER = "DRAFTSTORE_TEST_PGBOUNCER"
 ENV_REQUIRE = "DRAFTSTORE_REQUIRE_REAL"
 
 DEFAULT_PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+DEFAULT_PGBOUNCER = "/usr/sbin/pgbouncer"
 S3_REGION = "us-east-1"
 
 
@@ -124,6 +133,114 @@ class PostgresDatabase:
         with psycopg.connect(self.admin_url, autocommit=True, connect_timeout=5) as conn:
             # FORCE (PostgreSQL 13+): a leaked pooled connection must not keep it alive.
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+# -- PgBouncer -----------------------------------------------------------------------------
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _unprivileged_user() -> str:
+    """The account PostgreSQL runs as, else ``nobody``: who PgBouncer switches to when started as root."""
+    import pwd
+
+    for name in ("postgres", "nobody"):
+        try:
+            return pwd.getpwnam(name).pw_name
+        except KeyError:
+            continue
+    return "nobody"
+
+
+@dataclass
+class PgBouncer:
+    """A PgBouncer of our own in front of the test PostgreSQL, in transaction pooling.
+
+    Every database of that server is reachable through it under its own name
+    (``* =`` in ``[databases]``), as the same user, with ``auth_type = trust``
+    (the user listed in an ``auth_file``, which trust still requires). At most
+    ``pool_size`` server connections per database are shared by all clients, so
+    consecutive transactions of one client land on different server connections; a client
+    that waits ``query_wait_timeout`` (30 s) for one is disconnected with an error.
+    PgBouncer refuses to run as root; as root it is started with ``-u`` and the
+    account PostgreSQL runs as (it reads its config, in our private temp
+    directory, before it switches).
+    """
+
+    port: int
+    user: str
+    proc: subprocess.Popen[bytes]
+    tmpdir: tempfile.TemporaryDirectory[str]
+
+    @classmethod
+    def start(cls, *, pool_size: int = 20, timeout: float = 15) -> "PgBouncer":
+        binary = os.environ.get(ENV_PGBOUNCER) or DEFAULT_PGBOUNCER
+        if not os.access(binary, os.X_OK):
+            unavailable("PgBouncer", f"no executable {binary} (Debian's package `pgbouncer`; or set {ENV_PGBOUNCER})")
+        upstream = urlsplit(os.environ.get(ENV_PG) or DEFAULT_PG_ADMIN_URL)
+        user = upstream.username or "postgres"
+        tmpdir = tempfile.TemporaryDirectory(prefix="draftstore-pgbouncer-")
+        root = Path(tmpdir.name)
+        (root / "users.txt").write_text(f'"{user}" ""\n')
+        port = _free_port()
+        (root / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={upstream.hostname or '127.0.0.1'} port={upstream.port or 5432}\n"
+            "[pgbouncer]\n"
+            f"listen_addr = 127.0.0.1\nlisten_port = {port}\nunix_socket_dir =\n"
+            f"auth_type = trust\nauth_file = {root / 'users.txt'}\n"
+            f"pool_mode = transaction\ndefault_pool_size = {pool_size}\nmax_client_conn = 2000\n"
+            "server_login_retry = 1\nquery_wait_timeout = 30\n")
+        cmd = [binary]
+        if os.geteuid() == 0:
+            cmd += ["-u", _unprivileged_user()]
+        cmd.append(str(root / "pgbouncer.ini"))
+        log = open(root / "pgbouncer.log", "wb")
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        bouncer = cls(port, user, proc, tmpdir)
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                why = f"exited with status {proc.returncode}: {bouncer.log_tail()}"
+                tmpdir.cleanup()
+                unavailable("PgBouncer", why)
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return bouncer
+            except OSError:
+                if time.monotonic() > deadline:
+                    bouncer.stop()
+                    unavailable("PgBouncer", f"not accepting on port {port} after {timeout:.0f}s")
+                time.sleep(0.05)
+
+    def url(self, database: str) -> str:
+        """A SQLAlchemy URL of ``database`` through this PgBouncer, declaring it (``?pooler=transaction``)."""
+        return f"postgresql+psycopg://{quote(self.user)}@127.0.0.1:{self.port}/{database}?pooler=transaction"
+
+    def undeclared_url(self, database: str) -> str:
+        """The same URL without the declaration, as a user who has not read the docs writes it."""
+        return self.url(database).split("?", 1)[0]
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = (Path(self.tmpdir.name) / "pgbouncer.log").read_text(errors="replace")
+        except OSError as exc:
+            return f"(no log: {exc})"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM: at once, closing every client and server connection)."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        self.tmpdir.cleanup()
 
 
 # -- Redis -------------------------------------------------------------------------------

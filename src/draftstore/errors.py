@@ -16,6 +16,7 @@ Tree (code in brackets)::
     │   ├── PatternInvalid     [pattern.invalid]
     │   ├── LimitExceeded      [limit.exceeded]
     │   └── ConfigInvalid      [config.invalid]
+    │       └── PooledMigration [config.pooled_migration]  a migration through a transaction-mode pooler
     ├── NotFound
     │   ├── ProjectNotFound    [project.not_found]
     │   ├── VersionNotFound    [version.not_found]
@@ -50,6 +51,7 @@ Tree (code in brackets)::
     │   └── ChecksumMismatch   [blob.checksum_mismatch]
     └── BackendError                     a store could not be reached or used
         ├── BackendUnavailable [backend.unavailable]
+        ├── PoolerUndeclared   [backend.pooler]   a transaction-mode pooler the database URL does not declare
         └── SchemaOutdated     [schema.outdated]
 """
 
@@ -67,6 +69,7 @@ __all__ = [
     "PatternInvalid",
     "LimitExceeded",
     "ConfigInvalid",
+    "PooledMigration",
     "NotFound",
     "ProjectNotFound",
     "VersionNotFound",
@@ -101,6 +104,7 @@ __all__ = [
     "ChecksumMismatch",
     "BackendError",
     "BackendUnavailable",
+    "PoolerUndeclared",
     "SchemaOutdated",
     "turn_not_found",
     "turn_refused",
@@ -156,6 +160,13 @@ class LimitExceeded(InvalidInput):
 
 class ConfigInvalid(InvalidInput):
     code = "config.invalid"
+
+
+class PooledMigration(ConfigInvalid):
+    """A migration asked of a database URL that declares a transaction-mode pooler:
+    migrations go to PostgreSQL directly. Nothing was changed."""
+
+    code = "config.pooled_migration"
 
 
 class NotFound(DraftstoreError):
@@ -315,6 +326,13 @@ class BackendError(DraftstoreError):
 class BackendUnavailable(BackendError):
     code = "backend.unavailable"
     retryable = True
+
+
+class PoolerUndeclared(BackendError):
+    """The database answered as only a transaction-mode pooler in between explains
+    (the driver's prepared statements lost or duplicated): add ``?pooler=transaction``."""
+
+    code = "backend.pooler"
 
 
 class SchemaOutdated(BackendError):

@@ -2,8 +2,9 @@
 
 SQLite (embedded default) gets WAL, a busy timeout and ``BEGIN IMMEDIATE`` for
 every transaction, so concurrent writers queue instead of failing late with
-"database is locked". PostgreSQL runs through psycopg 3 with a pool. JSON documents are serialised
-by ``validation.dump_json`` on both.
+"database is locked". PostgreSQL runs through psycopg 3 with a pool, directly or
+behind a transaction-mode pooler the URL declares (``?pooler=transaction``:
+``pooler.py``). JSON documents are serialised by ``validation.dump_json`` on both.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from sqlalchemy.engine import Engine, make_url
 from ..errors import BackendUnavailable, ConfigInvalid
 from ..private import private_file
 from ..validation import dump_json
+from . import pooler
 
-__all__ = ["create_db_engine", "is_sqlite", "server_closed"]
+__all__ = ["create_db_engine", "is_sqlite", "lost_connection", "server_closed"]
 
 
 def is_sqlite(engine: Engine) -> bool:
@@ -44,8 +46,17 @@ def server_closed(dbapi_conn: Any) -> bool:
     return bool(ready)
 
 
+def lost_connection(exc: BaseException, statement: Any, params: Any) -> sa.exc.OperationalError:
+    """The driver's ``exc``, raised on a connection it reports broken, as the lost connection it is."""
+    err = sa.exc.OperationalError(statement, params, exc)
+    err.__cause__ = exc
+    return err
+
+
 def create_db_engine(url: str, **kwargs: Any) -> Engine:
-    """An engine for ``url``; ``postgresql://`` is taken to mean psycopg 3."""
+    """An engine for ``url``; ``postgresql://`` is taken to mean psycopg 3, and a
+    ``?pooler=transaction`` parameter declares PgBouncer in transaction pooling
+    (``pooler.py``; any other mode is ``config.invalid``)."""
     try:
         u = make_url(url)
     except Exception as exc:
@@ -55,6 +66,7 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
     if u.get_backend_name() not in ("sqlite", "postgresql"):
         raise ConfigInvalid(f"unsupported database URL scheme {u.drivername!r}: use sqlite:///PATH or "
                             "postgresql://USER@HOST/DB", url=u.render_as_string(hide_password=True))
+    pooler.check_url(u)
     # JSON columns: values checked and serialised once by draftstore.validation pass through
     kwargs.setdefault("json_serializer", dump_json)
     if u.get_backend_name() == "sqlite":
@@ -95,10 +107,11 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
         return engine
     if u.get_backend_name() == "postgresql":
         kwargs.setdefault("pool_size", 10)
-        # most recently used first: its prepared statements are warm
+        # most recently used first: its prepared statements (on a direct connection) are warm
         kwargs.setdefault("pool_use_lifo", True)
         kwargs.setdefault("max_overflow", 20)
         engine = sa.create_engine(u, **kwargs)
+        pooler.declare(engine)  # the URL keeps ``pooler``: engines derived from ``engine.url`` follow it
 
         @event.listens_for(engine, "checkout")
         def _drop_dead(dbapi_conn: Any, record: Any, proxy: Any) -> None:
@@ -108,6 +121,15 @@ def create_db_engine(url: str, **kwargs: Any) -> Engine:
             # instead of failing the caller's operation: a pre-ping without the round trip.
             if server_closed(dbapi_conn):
                 raise sa.exc.DisconnectionError("the server closed this pooled connection")
+
+        @event.listens_for(engine, "handle_error")
+        def _lost_is_operational(ctx: Any) -> Exception | None:
+            # A connection lost under a statement is an OperationalError on a direct connection. Behind
+            # PgBouncer, a server connection that died under a client's transaction reaches psycopg as
+            # two answers to one command (an InternalError), the connection marked broken: the same loss.
+            if ctx.is_disconnect and not isinstance(ctx.sqlalchemy_exception, sa.exc.OperationalError):
+                return lost_connection(ctx.original_exception, ctx.statement, ctx.parameters)
+            return None
 
         return engine
     return sa.create_engine(u, **kwargs)

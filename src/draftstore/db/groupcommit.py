@@ -196,10 +196,11 @@ class GroupCommit:
             for c in group:
                 self._alone(c)
         except psycopg.Error as exc:
-            if isinstance(exc, psycopg.OperationalError):
+            broken = self._conn is not None and self._conn.driver_connection.broken
+            if broken or isinstance(exc, psycopg.OperationalError):
                 self._discard()  # a broken connection must not be used again
             for c in group:
-                c.error = wrap_driver_error(exc, c.stmt.sql, c.params)
+                c.error = wrap_driver_error(exc, c.stmt.sql, c.params, broken=broken)
         except BaseException as exc:  # noqa: BLE001 - every caller gets it, as a caller alone would
             self._discard()  # interrupted somewhere in the pipeline: its state is unknown
             for c in group:

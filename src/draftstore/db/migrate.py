@@ -16,7 +16,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Connection, Engine
 
-from ..errors import BackendUnavailable, IntegrityError, SchemaOutdated
+from ..errors import BackendUnavailable, IntegrityError, PooledMigration, SchemaOutdated
+from .pooler import PARAM, pooler_of
 
 __all__ = ["alembic_config", "upgrade", "current_revision", "head_revision", "check_schema"]
 
@@ -35,9 +36,19 @@ def upgrade(engine: Engine, revision: str = "head") -> None:
     """Migrate the database behind ``engine`` to ``revision``; idempotent.
 
     A database already at head costs one query: nothing else is loaded.
+    Migrations go to PostgreSQL directly: through a URL that declares a
+    transaction-mode pooler, a migration to run is refused with
+    ``config.pooled_migration`` and nothing is changed (``pooler.py``).
     """
-    if revision == "head" and current_revision(engine) == head_revision():
+    current = current_revision(engine)
+    if revision == "head" and current == head_revision():
         return
+    if pooler_of(engine.url) is not None:
+        raise PooledMigration(
+            f"migrations go to PostgreSQL directly, not through a {pooler_of(engine.url)}-mode pooler: run "
+            f"`draftstore db upgrade` with DRAFTSTORE_DATABASE_URL set to the database's own address (without "
+            f"?{PARAM}=...); the schema is at {current or 'nothing'}, nothing was changed",
+            current=current, head=head_revision())
     cfg = alembic_config()
     sqlite = engine.dialect.name == "sqlite"
     with _connect(engine) as conn:

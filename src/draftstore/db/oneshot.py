@@ -6,6 +6,9 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from .engine import lost_connection
+from .pooler import undeclared_pooler
+
 __all__ = ["OneShot", "wrap_driver_error"]
 
 
@@ -65,12 +68,21 @@ class OneShot:
                 self.send(cur, params)
                 return self.outcome(cur)
         except psycopg.Error as exc:
-            raise wrap_driver_error(exc, self.sql, params) from exc
+            raise wrap_driver_error(exc, self.sql, params, broken=conn.driver_connection.broken) from exc
 
 
-def wrap_driver_error(exc: Exception, sql: str, params: dict[str, Any]) -> sa.exc.DBAPIError:
-    """psycopg's error as SQLAlchemy's of the same family (``IntegrityError``, ...)."""
+def wrap_driver_error(exc: Exception, sql: str, params: dict[str, Any], *, broken: bool = False) -> Exception:
+    """psycopg's error as SQLAlchemy's of the same family (``IntegrityError``, ...), or
+    ``backend.pooler`` for the symptom of an undeclared pooler (``pooler.py``), as an
+    engine's own statements get it. Any error on a connection the driver reports ``broken``
+    is an ``OperationalError`` (the connection was lost: ``engine.lost_connection``)."""
     import psycopg
+
+    pooled = undeclared_pooler(exc)
+    if pooled is not None:
+        return pooled
+    if broken and not isinstance(exc, psycopg.OperationalError):
+        return lost_connection(exc, sql, params)
 
     wrapper: type[sa.exc.DBAPIError] = sa.exc.DBAPIError
     for base, mapped in ((psycopg.IntegrityError, sa.exc.IntegrityError),
