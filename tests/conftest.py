@@ -8,6 +8,8 @@ Fixtures for everyone:
   (SqliteCoordinator in tmp_path), ``real`` (RedisCoordinator, fresh key
   prefix per test) and ``cluster`` (RedisCoordinator on a Redis Cluster of 3
   masters and 3 replicas started for the session, fresh key prefix per test).
+- ``cluster_stack`` — the real stack with its coordinator on the session's Redis
+  Cluster (tests/test_redis_cluster.py runs chosen stories on it as ``stack``).
 - ``stack``       — params ``embedded`` and ``real``; a dict of the URLs
   ``Store.open`` takes. The embedded one is what a user gets with nothing
   configured: a SQLite database, a blob directory and (no ``coord_url``) the
@@ -155,6 +157,21 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
         "database_url": pg.url,
         "blob_url": s3.url(f"t-{token()}"),
         "coord_url": server.url(token()),
+    }
+
+
+@pytest.fixture
+def cluster_stack(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The real stack's URLs with the coordinator on the session's Redis Cluster."""
+    template: PostgresDatabase = request.getfixturevalue("real_pg_template")
+    s3: S3Service = request.getfixturevalue("real_s3")
+    cluster: LocalRedisCluster = request.getfixturevalue("real_redis_cluster")
+    pg = PostgresDatabase.create(template=template.name)
+    request.addfinalizer(pg.drop)
+    return {
+        "database_url": pg.url,
+        "blob_url": s3.url(f"t-{token()}"),
+        "coord_url": cluster.url(f"dstest-{token()}"),
     }
 
 
