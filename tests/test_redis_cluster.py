@@ -181,7 +181,7 @@ def test_a_master_killed_mid_turn_loses_no_truth_and_its_replica_taking_over_nev
             worker.heartbeat(live.id)  # the beat is lost, the call is not refused
             assert sweeper.sweep() == QUIET
             down_s = time.monotonic() - started
-            assert down_s < 3 * MAX_FAIL_S, down_s
+            assert down_s < MAX_FAIL_S, down_s
 
             # 3. its replica takes over, without the live worker's beat (it lapsed meanwhile): the
             # new master's state is new, so the sweep gives the worker its grace
@@ -249,6 +249,7 @@ def test_sse_clients_reconnecting_after_a_master_failover_get_the_durable_events
     work("master_down")  # the service takes writes and tool calls while the turn's master is dead
     assert c.post(f"/v1/turns/{t}/heartbeat").status_code == 204
     down_s = time.monotonic() - started
+    assert down_s < MAX_FAIL_S, down_s
     own_cluster.wait_failover(replica)
     work("after_failover")
     wait_buffered(c, t, lambda ev: bool(ev) and ev[-1]["type"] == "draft.changed")

@@ -15,7 +15,7 @@ the same tag in one slot)::
     p:epoch:{<stream>}  string  the stream's epoch, SET with entry 1; PX set by expire() too
     p:beat:{<key>}      string  "1", PX = heartbeat ttl
     p:text:{<key>}      string  a running turn's text, PX = text ttl
-    p:since             string  "<server run id> <epoch seconds>" (one server)
+    p:since             string  "<server run id> <server TIME, seconds>" (one server)
     p:since:{<n>}       the same, one per cluster master (n: a tag hashing into its slots)
 
 A stream's two keys carry the same tag, so the one script or MULTI that writes
@@ -139,10 +139,13 @@ redis.call('PEXPIRE', KEYS[1], ARGV[2])
 return n
 """
 
-# When this server's coordinator state began: set by the first caller, kept while the
-# same server process answers; a server that did not write it (restarted from a
-# snapshot, a replica that took over) starts it again. A value without a run id (an
-# older release's) is started again too. Returns the time as text.
+# When this server's coordinator state began, by the server's clock: set by the first
+# caller, kept while the same server process answers; a server that did not write it
+# (restarted from a snapshot, a replica that took over) starts it again. A value
+# without a run id (an older release's) is started again too. The server's TIME, not
+# the caller's: a call that waited out a failover in retries must not stamp the
+# moment it began, which can be seconds before the new master answered. Returns the
+# time as text (seconds).
 _SINCE = """
 local me = """ + _RUN_ID + """
 local held = redis.call('GET', KEYS[1])
@@ -152,8 +155,10 @@ if held then
     return t
   end
 end
-redis.call('SET', KEYS[1], me .. ' ' .. ARGV[1])
-return ARGV[1]
+local now = redis.call('TIME')
+local t = now[1] .. '.' .. string.format('%06d', tonumber(now[2]))
+redis.call('SET', KEYS[1], me .. ' ' .. t)
+return t
 """
 
 
@@ -314,8 +319,7 @@ class RedisCoordinator:
         """When the coordinator's state began: the latest of its masters' (a cluster
         whose one master was replaced or restarted began then)."""
         # created by the first caller after a flush, a restart or a failover, then stable
-        now = repr(time.time())
-        return max(float(self._run("_since_script", keys=[key], args=[now])) for key in self._since_keys())
+        return max(float(self._run("_since_script", keys=[key], args=[])) for key in self._since_keys())
 
     @_mapped("ping")
     def ping(self) -> None:
