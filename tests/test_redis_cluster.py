@@ -129,6 +129,17 @@ def test_an_unreachable_cluster_is_a_typed_backend_unavailable_and_opening_does_
     coord.close()
 
 
+def test_a_cluster_url_naming_a_server_not_in_cluster_mode_fails_typed(real_redis) -> None:
+    from urllib.parse import urlsplit
+
+    base = urlsplit(real_redis.base_url)
+    coord = open_coordinator(f"redis+cluster://{base.hostname}:{base.port or 6379}?prefix=dstest-{token()}")
+    with pytest.raises(E.DraftstoreError) as info:
+        coord.append("turn:x", "never")
+    assert info.value.code == "backend.unavailable" and "cluster mode" in str(info.value).lower()
+    coord.close()
+
+
 def test_each_master_keeps_its_own_since_and_a_stream_keeps_its_keys_in_one_slot(real_redis_cluster) -> None:
     from redis.crc import key_slot
 
