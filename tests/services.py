@@ -300,10 +300,11 @@ class LocalRedisCluster:
     ``redis-cli --cluster create``, ready once every node reports ``cluster_state:ok``.
     No persistence. ``stop()`` ends every process it started (and only those).
 
-    ``kill_master_of(key)`` is ``kill -9`` of the master owning ``key``'s slot;
-    ``wait_failover(port)`` waits until a replica took its slots over and every
-    live node agrees the cluster is ok. A cluster that will not start is
-    ``unavailable`` (a failure under ``DRAFTSTORE_REQUIRE_REAL=1``)."""
+    Faults: ``master_of(key)`` is the port of the master owning ``key``'s slot,
+    ``replica_of(port)`` that master's replica, ``kill(port)`` a ``kill -9`` of one
+    node, and ``wait_failover(replica)`` waits until that replica took its master's
+    slots over and every live node reports ``cluster_state:ok``. A cluster that will
+    not start is ``unavailable`` (a failure under ``DRAFTSTORE_REQUIRE_REAL=1``)."""
 
     NODE_TIMEOUT_MS = 2000  # how long a silent master goes before its replica takes over
 
@@ -329,7 +330,7 @@ class LocalRedisCluster:
             for port in self.ports:
                 self._spawn(port)
             for port in self.ports:
-                self._wait(lambda p=port: self.client(p).ping(), timeout, f"redis-server :{port} to answer")
+                self._wait(lambda p=port: self._ping(p), timeout, f"redis-server :{port} to answer")
             create = subprocess.run(
                 [self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
                  "--cluster-replicas", "1", "--cluster-yes"],
@@ -385,6 +386,10 @@ class LocalRedisCluster:
 
         return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=2, socket_timeout=5,
                            decode_responses=True)
+
+    def _ping(self, port: int) -> bool:
+        with self.client(port) as r:
+            return bool(r.ping())
 
     def live_ports(self) -> list[int]:
         return [p for p in self.ports if p not in self.killed]
@@ -445,8 +450,11 @@ class LocalRedisCluster:
     def _all_ok(self) -> bool:
         for port in self.live_ports():
             with self.client(port) as r:
-                if "cluster_state:ok" not in str(r.execute_command("CLUSTER", "INFO")):
-                    return False
+                info = r.execute_command("CLUSTER", "INFO")
+            state = info.get("cluster_state") if isinstance(info, dict) else \
+                dict(line.split(":", 1) for line in str(info).split() if ":" in line).get("cluster_state")
+            if state != "ok":
+                return False
         return True
 
     @staticmethod
