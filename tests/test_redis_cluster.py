@@ -11,8 +11,12 @@ param of the ``coordinator`` fixture. Here:
   reaped by the sweep, its events replayed) and SSE through the real service
   (reconnecting clients miss nothing and see nothing twice; a late subscriber
   gets the whole history).
-- Failover, for real, in a cluster of the test's own: ``kill -9`` of the master
-  owning a running turn's keys, mid-turn, then its replica takes over. As after
+- Failover, for real, in a cluster of the test's own: ``kill -9`` of a master
+  while every coordinator call on its slots runs in a loop: each succeeds or
+  fails with ``backend.unavailable`` (never an untyped redis-py error), all work
+  again once the replica took over, and the stream reads under a new epoch.
+- ``kill -9`` of the master owning a running turn's keys, mid-turn, then its
+  replica takes over. As after
   a Redis restart (tests/test_faults_outages.py): every acknowledged write, patch
   and tool call reads back; the turn goes on during the outage; a sweep during
   the outage reaps nobody, one after the failover gives the live worker its
@@ -25,6 +29,7 @@ param of the ``coordinator`` fixture. Here:
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 
@@ -225,6 +230,71 @@ def test_a_master_killed_mid_turn_loses_no_truth_and_its_replica_taking_over_nev
     print(f"cluster: master :{owner} killed, :{replica} took over; {len(ledger.calls)} tool calls, "
           f"{len(ledger.files)} files, {len(ledger.characters)} patches all read back; {beater.beats} beats; "
           f"ops while the master was down took {down_s:.2f}s")
+
+
+def test_every_coordinator_call_through_a_failover_succeeds_or_fails_typed_and_the_stream_gets_a_new_epoch(
+        own_cluster: LocalRedisCluster) -> None:
+    prefix = f"ops-{token(3)}"
+    coord = RedisCoordinator.from_url(own_cluster.url(prefix))
+    stream = "turn:failover"
+    try:
+        coord.append(stream, "before")
+        coord.beat(stream, 60)
+        epoch, since = coord.tail(stream).epoch, coord.since()
+        owner = own_cluster.master_of(f"{prefix}:events:{{{stream}}}")
+        replica = own_cluster.replica_of(owner)
+        ops = {  # every key below has the stream's hash tag: all on the master killed
+            "append": lambda: coord.append(stream, "during"),
+            "append_many": lambda: coord.append_many([(stream, "during", None)]),
+            "tail": lambda: coord.tail(stream),
+            "read": lambda: coord.read(stream),
+            "expire": lambda: coord.expire(stream, 600),
+            "beat": lambda: coord.beat(stream, 60),
+            "alive": lambda: coord.alive(stream),
+            "lock": lambda: coord.acquire(stream, ttl_s=1, timeout_s=0).release(),
+            "text": lambda: coord.append_text(stream, "x", 60, 1 << 20),
+            "since": coord.since,
+            "ping": coord.ping,
+        }
+        outcomes: dict[str, list[str]] = {name: [] for name in ops}
+        untyped: list[BaseException] = []
+        over = threading.Event()
+
+        def call_until_over(name: str) -> None:
+            while not over.is_set():
+                started = time.monotonic()
+                try:
+                    ops[name]()
+                    outcomes[name].append("ok")
+                except E.BackendUnavailable as exc:
+                    ok = exc.code == "backend.unavailable" and exc.retryable and exc.__cause__ is not None
+                    outcomes[name].append("unavailable" if ok else f"malformed: {exc!r}")
+                except BaseException as exc:  # what must never happen
+                    untyped.append(exc)
+                if time.monotonic() - started >= MAX_FAIL_S:
+                    outcomes[name].append(f"slow: {time.monotonic() - started:.1f}s")
+                time.sleep(0.05)
+
+        own_cluster.kill(owner)
+        threads = [threading.Thread(target=call_until_over, args=(name,), daemon=True) for name in ops]
+        for t in threads:
+            t.start()
+        own_cluster.wait_failover(replica)
+        over.set()
+        for t in threads:
+            t.join(timeout=3 * MAX_FAIL_S)
+        print({name: " ".join(seen) for name, seen in outcomes.items()})
+        assert untyped == [], untyped
+        assert {o for seen in outcomes.values() for o in seen} <= {"ok", "unavailable"}, outcomes
+        # the fault was real: every call found the shard without a master at first
+        assert all(seen and seen[0] == "unavailable" for seen in outcomes.values()), outcomes
+        for name, op in ops.items():  # and after the failover every one works again
+            op()
+        after = coord.tail(stream)
+        assert after.epoch not in (None, epoch)  # another server answers: readers must rebuild
+        assert coord.since() > since
+    finally:
+        coord.close()
 
 
 def test_sse_clients_reconnecting_after_a_master_failover_get_the_durable_events(
