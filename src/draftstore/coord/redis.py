@@ -31,7 +31,10 @@ took over from a killed master (or a server restarted from a snapshot) may
 lack the last writes: its streams may reuse ids, its heartbeats may have
 lapsed while no worker could reach it. A new run id gives every such stream a
 new epoch (its readers rebuild from the database) and restarts the grace the
-recovery sweep gives heartbeats, as after a flush. Nothing here is truth, so
+recovery sweep gives heartbeats, as after a flush. (Reading the run id, an
+INFO call inside the script, took a tail from 18 to 26 µs of server time,
+measured on Redis 7.0 with 50 buffered events: small beside the round trip.)
+Nothing here is truth, so
 renamed keys (an upgrade from the untagged layout) only cost what a flush
 costs: locks free themselves, streams are rebuilt from the database, workers
 beat again within the grace.
