@@ -5,8 +5,11 @@ Fixtures for everyone:
 - ``blob_store``  — params ``embedded`` (DirectoryBlobStore in tmp_path) and
   ``real`` (S3BlobStore on SeaweedFS/S3, fresh key prefix per test).
 - ``coordinator`` — params ``memory`` (MemoryCoordinator), ``sqlite``
-  (SqliteCoordinator in tmp_path) and ``real``
-  (RedisCoordinator, fresh key prefix per test).
+  (SqliteCoordinator in tmp_path), ``real`` (RedisCoordinator, fresh key
+  prefix per test) and ``cluster`` (RedisCoordinator on a Redis Cluster of 3
+  masters and 3 replicas started for the session, fresh key prefix per test).
+- ``cluster_stack`` — the real stack with its coordinator on the session's Redis
+  Cluster (tests/test_redis_cluster.py runs chosen stories on it as ``stack``).
 - ``stack``       — params ``embedded`` and ``real``; a dict of the URLs
   ``Store.open`` takes. The embedded one is what a user gets with nothing
   configured: a SQLite database, a blob directory and (no ``coord_url``) the
@@ -14,8 +17,8 @@ Fixtures for everyone:
   PostgreSQL database per test (copied from a migrated template), its own S3
   key prefix and its own Redis prefix: one test's rows never name another
   test's objects.
-- session-scoped building blocks: ``real_postgres``, ``real_redis``, ``real_s3``
-  (see tests/services.py for where each server comes from).
+- session-scoped building blocks: ``real_postgres``, ``real_redis``, ``real_s3``,
+  ``real_redis_cluster`` (see tests/services.py for where each server comes from).
 
 Real params carry ``pytest.mark.real``: ``pytest -m "not real"`` runs the
 embedded half only. With ``DRAFTSTORE_REQUIRE_REAL=1`` a real test never
@@ -29,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from services import PostgresDatabase, RedisServer, S3Service, require_real, token
+from services import LocalRedisCluster, PostgresDatabase, RedisServer, S3Service, require_real, token
 
 FLAVOURS = ["embedded", pytest.param("real", marks=pytest.mark.real)]
 
@@ -76,6 +79,14 @@ def real_redis() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="session")
+def real_redis_cluster() -> Iterator[LocalRedisCluster]:
+    """A Redis Cluster (3 masters, 1 replica each) started for this session and stopped after it."""
+    cluster = LocalRedisCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="session")
 def real_s3() -> Iterator[S3Service]:
     """An S3 endpoint (external, or a SeaweedFS started here) with a fresh bucket."""
     svc = S3Service.start_or_connect()
@@ -98,13 +109,14 @@ def blob_store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     store.close()
 
 
-@pytest.fixture(params=["memory", "sqlite", pytest.param("real", marks=pytest.mark.real)])
+@pytest.fixture(params=["memory", "sqlite", pytest.param("real", marks=pytest.mark.real),
+                        pytest.param("cluster", marks=pytest.mark.real)])
 def coordinator(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
     """A fresh coordinator with no locks, events or heartbeats (max_events=10,000).
 
     ``memory`` (MemoryCoordinator) and ``sqlite`` (SqliteCoordinator on a file
     in tmp_path) are the embedded flavours; ``real`` is RedisCoordinator with a
-    fresh key prefix.
+    fresh key prefix, ``cluster`` the same on the session's Redis Cluster.
     """
     if request.param == "memory":
         from draftstore.coord import MemoryCoordinator
@@ -114,11 +126,16 @@ def coordinator(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Any]:
         from draftstore.coord import SqliteCoordinator
 
         coord = SqliteCoordinator(tmp_path / "coord" / "coord.db")
-    else:
+    elif request.param == "real":
         from draftstore.coord.redis import RedisCoordinator
 
         server: RedisServer = request.getfixturevalue("real_redis")
         coord = RedisCoordinator.from_url(server.url(token()))
+    else:
+        from draftstore.coord.redis import RedisCoordinator
+
+        cluster: LocalRedisCluster = request.getfixturevalue("real_redis_cluster")
+        coord = RedisCoordinator.from_url(cluster.url(f"dstest-{token()}"))
     yield coord
     coord.close()
 
@@ -140,6 +157,21 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
         "database_url": pg.url,
         "blob_url": s3.url(f"t-{token()}"),
         "coord_url": server.url(token()),
+    }
+
+
+@pytest.fixture
+def cluster_stack(request: pytest.FixtureRequest) -> dict[str, str]:
+    """The real stack's URLs with the coordinator on the session's Redis Cluster."""
+    template: PostgresDatabase = request.getfixturevalue("real_pg_template")
+    s3: S3Service = request.getfixturevalue("real_s3")
+    cluster: LocalRedisCluster = request.getfixturevalue("real_redis_cluster")
+    pg = PostgresDatabase.create(template=template.name)
+    request.addfinalizer(pg.drop)
+    return {
+        "database_url": pg.url,
+        "blob_url": s3.url(f"t-{token()}"),
+        "coord_url": cluster.url(f"dstest-{token()}"),
     }
 
 

@@ -408,3 +408,206 @@ def _redact(url: str) -> str:
         return url
     netloc = f"{quote(parts.username or '')}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
     return urlunsplit(parts._replace(netloc=netloc))
+
+
+# -- Redis Cluster -------------------------------------------------------------------------
+class LocalRedisCluster:
+    """A Redis Cluster of ``masters`` masters with one replica each, started here: Debian's
+    ``redis-server --cluster-enabled yes`` on free loopback ports in a temp dir, joined with
+    ``redis-cli --cluster create``, ready once every node reports ``cluster_state:ok``.
+    No persistence. ``stop()`` ends every process it started (and only those).
+
+    Faults: ``master_of(key)`` is the port of the master owning ``key``'s slot,
+    ``replica_of(port)`` that master's replica, ``kill(port)`` a ``kill -9`` of one
+    node, and ``wait_failover(replica)`` waits until that replica took its master's
+    slots over and every live node reports ``cluster_state:ok``. A cluster that will
+    not start is ``unavailable`` (a failure under ``DRAFTSTORE_REQUIRE_REAL=1``)."""
+
+    NODE_TIMEOUT_MS = 2000  # how long a silent master goes before its replica takes over
+
+    def __init__(self, masters: int = 3) -> None:
+        import shutil
+
+        self.server, self.cli = shutil.which("redis-server"), shutil.which("redis-cli")
+        if self.server is None or self.cli is None:
+            unavailable("Redis Cluster", "redis-server / redis-cli not on PATH")
+        self.tmpdir = tempfile.TemporaryDirectory(prefix="draftstore-redis-cluster-")
+        self.dir = Path(self.tmpdir.name)
+        self.size = masters * 2
+        self.ports: list[int] = []
+        self.procs: dict[int, Any] = {}
+        self.killed: set[int] = set()
+
+    # -- life cycle ---------------------------------------------------------------------
+    def start(self, timeout: float = 60.0) -> "LocalRedisCluster":
+        import subprocess
+
+        try:
+            self.ports = _free_ports(self.size)
+            for port in self.ports:
+                self._spawn(port)
+            for port in self.ports:
+                self._wait(lambda p=port: self._ping(p), timeout, f"redis-server :{port} to answer")
+            create = subprocess.run(
+                [self.cli, "--cluster", "create", *(f"127.0.0.1:{p}" for p in self.ports),
+                 "--cluster-replicas", "1", "--cluster-yes"],
+                capture_output=True, text=True, timeout=timeout)
+            if create.returncode != 0:
+                raise RuntimeError(f"redis-cli --cluster create failed: {create.stdout[-2000:]}{create.stderr}")
+            self._wait(self._all_ok, timeout, "cluster_state:ok on every node")
+            # every replica attached to its master (a failover needs one to take over)
+            self._wait(self._replicas_attached, timeout, "a replica attached to every master")
+        except Exception as exc:
+            self.stop()
+            unavailable("Redis Cluster", exc)
+        return self
+
+    def _spawn(self, port: int) -> None:
+        import subprocess
+
+        node_dir = self.dir / str(port)
+        node_dir.mkdir(parents=True, exist_ok=True)
+        log = open(node_dir / "redis.log", "ab")
+        self.procs[port] = subprocess.Popen(
+            [self.server, "--port", str(port), "--bind", "127.0.0.1", "--cluster-enabled", "yes",
+             "--cluster-config-file", str(node_dir / "nodes.conf"), "--cluster-node-timeout",
+             str(self.NODE_TIMEOUT_MS), "--save", "", "--appendonly", "no", "--daemonize", "no",
+             "--dir", str(node_dir)],
+            stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+
+    def stop(self) -> None:
+        import subprocess
+
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        self.procs.clear()
+        self.tmpdir.cleanup()
+
+    # -- addresses ------------------------------------------------------------------------
+    def url(self, prefix: str, **query: str) -> str:
+        """``redis+cluster://`` URL naming every node as a startup node, keys under ``prefix``."""
+        hosts = ",".join(f"127.0.0.1:{p}" for p in self.ports)
+        return f"redis+cluster://{hosts}?{urlencode({'prefix': prefix, **query})}"
+
+    def client(self, port: int) -> Any:
+        """A plain client of one node (``CLUSTER`` and ``INFO`` questions, never data)."""
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=port, socket_connect_timeout=2, socket_timeout=5,
+                           decode_responses=True)
+
+    def _ping(self, port: int) -> bool:
+        with self.client(port) as r:
+            return bool(r.ping())
+
+    def live_ports(self) -> list[int]:
+        return [p for p in self.ports if p not in self.killed]
+
+    def _role(self, port: int) -> list[Any]:
+        with self.client(port) as r:
+            return list(r.execute_command("ROLE"))
+
+    def master_ports(self) -> list[int]:
+        return [p for p in self.live_ports() if self._role(p)[0] == "master"]
+
+    def replica_of(self, master: int) -> int:
+        """The port of the live replica that replicates ``master``."""
+        for port in self.live_ports():
+            role = self._role(port)
+            if role[0] == "slave" and int(role[2]) == master:
+                return port
+        raise AssertionError(f"no live replica of :{master}")
+
+    def _replicas_attached(self) -> bool:
+        """Every master has a replica whose link is up."""
+        masters = set(self.master_ports())
+        attached = set()
+        for port in self.live_ports():
+            role = self._role(port)
+            if role[0] == "slave" and role[3] == "connected":
+                attached.add(int(role[2]))
+        return bool(masters) and masters <= attached
+
+    def master_of(self, key: str) -> int:
+        """The port of the master that owns ``key``'s slot now."""
+        from redis.crc import key_slot
+
+        slot = key_slot(key.encode())
+        with self.client(self.live_ports()[0]) as r:
+            for start, end, *nodes in r.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return int(nodes[0][1])
+        raise AssertionError(f"no node owns slot {slot}")
+
+    # -- faults -----------------------------------------------------------------------------
+    def kill(self, port: int) -> None:
+        """``kill -9`` of one node: gone at once, with everything it held."""
+        import signal
+
+        proc = self.procs[port]
+        assert proc.poll() is None, f"redis-server :{port} was not running"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=10) == -signal.SIGKILL
+        self.killed.add(port)
+
+    def wait_failover(self, replica: int, timeout: float = 60.0) -> None:
+        """Wait until ``replica`` (of a master just killed) is a master, and every live
+        node reports ``cluster_state:ok``."""
+        self._wait(lambda: self._role(replica)[0] == "master", timeout, f":{replica} to take over as master")
+        self._wait(self._all_ok, timeout, "cluster_state:ok on every live node")
+
+    def _all_ok(self) -> bool:
+        for port in self.live_ports():
+            with self.client(port) as r:
+                info = r.execute_command("CLUSTER", "INFO")
+            state = info.get("cluster_state") if isinstance(info, dict) else \
+                dict(line.split(":", 1) for line in str(info).split() if ":" in line).get("cluster_state")
+            if state != "ok":
+                return False
+        return True
+
+    @staticmethod
+    def _wait(cond: Any, timeout: float, what: str) -> Any:
+        import time
+
+        import redis
+
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                value = cond()
+                if value:
+                    return value
+            except redis.RedisError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+            time.sleep(0.05)
+
+
+def _free_ports(n: int) -> list[int]:
+    """``n`` free loopback ports whose cluster bus ports (+10000) are below 65536 and free too."""
+    import socket
+
+    ports: list[int] = []
+    while len(ports) < n:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 10000 > 65535 or port in ports:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        ports.append(port)
+    return ports

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import random
 import re
+import signal
 import socket
 import sqlite3
 import subprocess
@@ -33,7 +34,7 @@ from draftstore.coord import (
     locked,
     open_coordinator,
 )
-from draftstore.coord.redis import RedisCoordinator
+from draftstore.coord.redis import RedisCoordinator, _served_epoch
 from draftstore.coord.sqlite import SCHEMA_VERSION
 from draftstore.errors import BackendError, BackendUnavailable, ConfigInvalid, LockTimeout
 
@@ -527,7 +528,8 @@ def test_a_stream_lost_from_redis_comes_back_with_a_new_epoch(real_redis) -> Non
         # What a FLUSHALL or a restart without persistence does to this namespace
         # (never flush the shared server: delete only this test's own keys).
         keys = list(raw.scan_iter(match=f"{coord.prefix}:*"))
-        assert {k.decode() for k in keys} == {f"{coord.prefix}:events:turn:x", f"{coord.prefix}:epoch:turn:x"}
+        # a stream's two keys share their hash tag (one cluster slot)
+        assert {k.decode() for k in keys} == {f"{coord.prefix}:events:{{turn:x}}", f"{coord.prefix}:epoch:{{turn:x}}"}
         raw.delete(*keys)
         assert coord.tail("turn:x") == ABSENT
         assert coord.append("turn:x", "token") == 1
@@ -545,10 +547,11 @@ def test_redis_epoch_keys_follow_their_stream(real_redis) -> None:  # type: igno
 
     coord = RedisCoordinator.from_url(real_redis.url("epoch-keys"))
     raw = redis.Redis.from_url(real_redis.base_url, decode_responses=True)
-    events, epoch = (f"{coord.prefix}:{kind}:turn:y" for kind in ("events", "epoch"))
+    events, epoch = (f"{coord.prefix}:{kind}:{{turn:y}}" for kind in ("events", "epoch"))
     try:
         coord.append("turn:y", "token")
-        assert raw.get(epoch) == coord.tail("turn:y").epoch
+        # the epoch a reader gets is the stored one bound to the server process that answers
+        assert coord.tail("turn:y").epoch == _served_epoch(raw.get(epoch), raw.info("server")["run_id"])
         coord.expire("turn:y", ttl_s=60)  # both keys go together
         # Absolute deadlines (Redis 7): two PTTLs are read at different moments.
         # The epoch key never goes first, or the stream would read as "legacy".
@@ -608,6 +611,61 @@ def test_a_batch_of_appends_is_one_round_trip_and_survives_a_lost_script(real_re
     finally:
         coord.close()
         raw.close()
+
+
+def _redis_server(port: int, workdir: Path) -> "subprocess.Popen[bytes]":
+    """A redis-server of this test alone on ``port``, loading ``workdir``/dump.rdb if there is one."""
+    import shutil
+
+    import redis
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        from services import unavailable
+
+        unavailable("redis-server", "not on PATH")
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 15
+    while True:
+        try:
+            with redis.Redis(port=port, socket_connect_timeout=1) as r:
+                r.ping()
+            return proc
+        except redis.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.02)
+
+
+@pytest.mark.real
+def test_a_redis_restarted_from_its_snapshot_gives_streams_a_new_epoch_and_since_starts_again(tmp_path: Path) -> None:
+    """Writes after the snapshot are lost, so its streams may hand out ids readers saw already:
+    the restarted server's streams read as new epochs (readers rebuild) and the sweep's grace
+    starts again, as after a flush; the data itself came back."""
+    import redis
+
+    port = _free_port()
+    server = _redis_server(port, tmp_path)
+    coord = RedisCoordinator.from_url(f"redis://127.0.0.1:{port}/0?prefix=snap")
+    try:
+        coord.append("turn:x", "a")
+        before, since = coord.tail("turn:x"), coord.since()
+        with redis.Redis(port=port) as r:
+            r.save()  # what a periodic RDB save or an AOF rewrite leaves on disk
+        assert coord.append("turn:x", "lost with the process") == 2
+        os.kill(server.pid, signal.SIGKILL)
+        server.wait(timeout=10)
+        time.sleep(0.05)
+        server = _redis_server(port, tmp_path)
+        after = coord.tail("turn:x")
+        assert [e.type for e in after.events] == ["a"]  # the snapshot's content is back ...
+        assert after.epoch not in (None, before.epoch)  # ... under a new epoch: id 2 will name another event
+        assert coord.append("turn:x", "b") == 2
+        assert coord.since() > since
+    finally:
+        coord.close()
+        server.terminate()
+        server.wait(timeout=10)
 
 
 # -- SQLite specifics: one file shared by every Store and process on the same data -------------------

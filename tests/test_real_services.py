@@ -19,7 +19,7 @@ def _coord_url(stack: dict[str, str]) -> str:
 def test_the_stack_names_three_stores_that_open(stack: dict[str, str]) -> None:
     assert set(stack) <= {"database_url", "blob_url", "coord_url"} and "database_url" in stack
     coord_url = _coord_url(stack)
-    assert coord_url.startswith("sqlite:///" if "coord_url" not in stack else "redis://")
+    assert coord_url.startswith("sqlite:///" if "coord_url" not in stack else ("redis://", "redis+cluster://"))
     blobs = open_blob_store(stack["blob_url"])
     coord = open_coordinator(coord_url)
     try:

@@ -62,7 +62,8 @@ class Settings(BaseSettings):
     )
     coord_url: str | None = Field(
         None,
-        description="redis://host:port/db, sqlite:///path or memory://; default: a SQLite file beside a "
+        description="redis://host:port/db, redis+cluster://host:port,host:port, sqlite:///path or memory://; "
+        "default: a SQLite file beside a "
         "SQLite database (shared by every process on that data), else memory://",
     )
     home: Path = Field(DEFAULT_HOME, description="root of the embedded defaults")

@@ -2,9 +2,10 @@
 
 ``open_coordinator(url)``: ``sqlite:///path.db`` (one file shared by every process
 on the same embedded data; ``sqlite:////abs/path.db`` for an absolute path),
-``memory://`` (this process only) or ``redis://host:port/db`` (``rediss://`` for
-TLS; ``?prefix=name`` namespaces every key). ``?max_events=N`` bounds each event
-buffer on any of them but ``memory://``.
+``memory://`` (this process only), ``redis://host:port/db`` (``rediss://`` for
+TLS) or ``redis+cluster://host:port,host:port`` (a Redis Cluster; ``rediss+cluster://``
+for TLS); ``?prefix=name`` namespaces every Redis key. ``?max_events=N`` bounds
+each event buffer on any of them but ``memory://``.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ def open_coordinator(url: str) -> Coordinator:
         return MemoryCoordinator()
     if scheme == "sqlite":
         return SqliteCoordinator.from_url(url)
-    if scheme in ("redis", "rediss", "unix"):
+    if scheme in ("redis", "rediss", "unix", "redis+cluster", "rediss+cluster"):
         from .redis import RedisCoordinator
 
         return RedisCoordinator.from_url(url)

@@ -44,7 +44,10 @@ class Tail:
     - ``epoch``: token given to the stream when it was created; None if the
       stream does not exist (never written, trimmed, expired or lost). Stable
       while the stream exists (also across dropping old events); a stream
-      created again gets a different one, and its ids restart at 1.
+      created again gets a different one, and its ids restart at 1. A stream
+      that may have lost its newest events without being dropped (Redis served
+      by another server process: a replica that took over, a restart from a
+      snapshot) reads under a different one too.
     - ``events``: buffered events with id > ``after``, oldest first, at most ``limit``.
     - ``first_id`` / ``last_id``: oldest and newest id still buffered (0 if none).
 
