@@ -137,3 +137,35 @@ def test_concurrent_starts_with_one_key_record_one_call(store_factory):
         assert len(answers[r]) == len(stores) * threads_per_store and len(seqs) == 1
         (seq,) = seqs
         assert calls[seq - 1].args == {"q": f"round {r}"}
+
+
+# -- over HTTP: the Idempotency-Key header ------------------------------------------------------
+def test_over_http_a_retried_start_with_its_key_gets_the_same_answer_and_records_nothing(service):
+    from test_service_streams import new_project, start_turn
+
+    c = service.client()
+    t = start_turn(c, new_project(c))
+    ask = {"tool_name": "view_file", "args": {"path": "main.py"}}
+    first = c.post(f"/v1/turns/{t}/tool-calls", json=ask, headers={"Idempotency-Key": "a1"})
+    again = c.post(f"/v1/turns/{t}/tool-calls", json=ask, headers={"Idempotency-Key": "a1"})
+    assert (first.status_code, again.status_code) == (201, 201), (first.text, again.text)
+    assert again.json()["seq"] == first.json()["seq"] == 1
+    assert again.json()["started_at"] == first.json()["started_at"]
+
+    other = c.post(f"/v1/turns/{t}/tool-calls", json={**ask, "args": {"path": "x.py"}},
+                   headers={"Idempotency-Key": "a1"})
+    assert other.status_code == 409 and other.json()["code"] == "idempotency.conflict", other.text
+    bad = c.post(f"/v1/turns/{t}/tool-calls", json=ask, headers={"Idempotency-Key": "x" * 201})
+    assert bad.status_code == 422 and bad.json()["code"] == "input.invalid", bad.text
+    unkeyed = c.post(f"/v1/turns/{t}/tool-calls", json=ask)
+    assert unkeyed.status_code == 201 and unkeyed.json()["seq"] == 2
+    calls = c.get(f"/v1/turns/{t}/tool-calls").json()["items"]
+    assert [(x["seq"], x["args"]) for x in calls] == [(1, {"path": "main.py"}), (2, {"path": "main.py"})]
+
+
+def test_the_openapi_document_names_the_idempotency_key_header(service):
+    doc = service.client().get("/openapi.json").json()
+    params = doc["paths"]["/v1/turns/{turn_id}/tool-calls"]["post"]["parameters"]
+    (header,) = [p for p in params if p["in"] == "header"]
+    assert header["name"] == "Idempotency-Key" and header["required"] is False
+    assert "idempotency.conflict" in header["description"]
