@@ -66,8 +66,10 @@ def haproxy_config(port: int, servers: dict[str, int], stats_socket: Path) -> st
         "    balance roundrobin",           # no stickiness: every replica serves every turn
         "    option httpchk GET /readyz",
         "    http-check expect status 200",
-        "    default-server inter 300ms fastinter 200ms downinter 300ms fall 2 rise 2 "
-        "on-marked-down shutdown-sessions",
+        # a loaded replica answers its probe late: a short check timeout takes healthy replicas
+        # out (and, with on-marked-down shutdown-sessions, cut their requests): not used here
+        "    timeout check 5s",
+        "    default-server inter 1s fastinter 250ms downinter 500ms fall 3 rise 2",
     ]
     lines += [f"    server {name} 127.0.0.1:{p} check" for name, p in servers.items()]
     return "\n".join(lines) + "\n"

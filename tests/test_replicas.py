@@ -188,6 +188,8 @@ class Reader:
                                  timeout=30)
             except (OSError, h11.ProtocolError, AssertionError):  # refused, reset, or closed before an answer
                 es = None
+            except ValueError:  # an error page that is not the service's JSON: the balancer's 502/503/504
+                es = None
             if es is not None:
                 with es:
                     if es.status == 200:
@@ -323,7 +325,8 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
     missing_tool_events = 0
     for reader in readers:
         for t, got in reader.events.items():
-            ids = [i for i, _, _ in got]
+            assert got and got[-1][1] == "stream.end", f"turn {t}: the reader never saw its stream end"
+            ids = [i for i, _, _ in got[:-1]]  # stream.end has no id of its own (it repeats the last one)
             assert len(ids) == len(set(ids)), f"turn {t}: a duplicate event id: {ids}"
             ns = [int(i.rpartition(":")[2]) for i in ids]
             assert ns == sorted(ns), f"turn {t}: ids out of order: {ids}"
