@@ -44,7 +44,7 @@ from test_service_streams import EventSource
 pytestmark = pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest.mark.real)], indirect=True)
 
 AGENTS = 50
-MIN_TURNS, MAX_TURNS = 2, 8  # an agent goes on past MIN_TURNS until the restarted replica has served a while
+MIN_TURNS, MAX_TURNS = 2, 20  # an agent goes on past MIN_TURNS until the restarted replica has served a while
 CALLS_PER_TURN = 2
 READERS = 4
 RETRYABLE = {502, 503, 504}
@@ -58,15 +58,17 @@ class Figures:
     errors: collections.Counter[str] = field(default_factory=collections.Counter)
     error_times: list[float] = field(default_factory=list)
     landed_on_retry: collections.Counter[str] = field(default_factory=collections.Counter)
+    retried: collections.Counter[str] = field(default_factory=collections.Counter)  # operation -> retries
 
     def sent(self) -> None:
         with self.lock:
             self.requests += 1
 
-    def failed(self, what: str) -> None:
+    def failed(self, what: str, operation: str) -> None:
         with self.lock:
             self.retries += 1
             self.errors[what] += 1
+            self.retried[operation] += 1
             self.error_times.append(time.monotonic())
 
 
@@ -82,7 +84,7 @@ class Agent:
         self.files: dict[str, bytes] = {}  # path -> content acknowledged (the last write of the path)
         self.failure: BaseException | None = None
 
-    def send(self, method: str, path: str, **kw: Any) -> tuple[httpx.Response, bool]:
+    def send(self, operation: str, method: str, path: str, **kw: Any) -> tuple[httpx.Response, bool]:
         """The answer, and whether it came to a retry (the first attempt may have landed)."""
         retried = False
         for attempt in range(60):
@@ -90,11 +92,11 @@ class Agent:
             try:
                 r = self.client.request(method, path, **kw)
             except httpx.TransportError as exc:
-                self.figures.failed(type(exc).__name__)
+                self.figures.failed(type(exc).__name__, operation)
             else:
                 if r.status_code not in RETRYABLE:
                     return r, retried
-                self.figures.failed(f"HTTP {r.status_code}")
+                self.figures.failed(f"HTTP {r.status_code}", operation)
             retried = True
             time.sleep(min(1.0, 0.05 * 2 ** min(attempt, 5)) * random.uniform(0.5, 1.0))
         raise AssertionError(f"agent {self.n}: {method} {path} still failing after 60 attempts")
@@ -111,7 +113,7 @@ class Agent:
         return True
 
     def start_turn(self, number: int) -> str:
-        r, retried = self.send("POST", f"/v1/projects/{self.project_id}/turns",
+        r, retried = self.send("turn start", "POST", f"/v1/projects/{self.project_id}/turns",
                                json={"user_message": f"agent {self.n} turn {number}"})
         if r.status_code == 201:
             return r.json()["id"]
@@ -119,7 +121,7 @@ class Agent:
             # the running turn is the one the lost answer named (this agent alone works on its project)
             running = r.json()["details"].get("turn_id")
             if running is None:
-                d, _ = self.send("GET", f"/v1/projects/{self.project_id}/draft")
+                d, _ = self.send("draft read", "GET", f"/v1/projects/{self.project_id}/draft")
                 running = d.json()["last_turn_id"]
             return running
         raise AssertionError(f"agent {self.n}: start turn: {r.status_code} {r.text}")
@@ -145,19 +147,19 @@ class Agent:
         for k in range(1, CALLS_PER_TURN + 1):
             key = f"a{self.n}-t{number}-c{k}"
             path = f"agent{self.n}/turn{number}/call{k}.txt"
-            r, _ = self.send("POST", f"/v1/turns/{t}/tool-calls", headers={"Idempotency-Key": key},
+            r, _ = self.send("call start", "POST", f"/v1/turns/{t}/tool-calls", headers={"Idempotency-Key": key},
                              json={"tool_name": "write_file", "args": {"path": path, "key": key}})
             assert r.status_code == 201, (self.n, r.status_code, r.text)
             seq = r.json()["seq"]
             self.calls[t].append((key, seq))
             content = f"{key}\n".encode() * 8
-            r, _ = self.send("PUT", f"/v1/turns/{t}/files/{path}", content=content)
+            r, _ = self.send("file write", "PUT", f"/v1/turns/{t}/files/{path}", content=content)
             assert r.status_code == 204, (self.n, r.status_code, r.text)
             self.files[path] = content
-            r, retried = self.send("POST", f"/v1/turns/{t}/tool-calls/{seq}/complete", json={"result": {"key": key}})
+            r, retried = self.send("call complete", "POST", f"/v1/turns/{t}/tool-calls/{seq}/complete", json={"result": {"key": key}})
             assert r.status_code == 204 or self.landed(r, retried, "toolcall.already_finished", "call complete",
                                                        status="completed"), (self.n, r.status_code, r.text)
-        r, retried = self.send("POST", f"/v1/turns/{t}/complete", json={"assistant_message": f"done {number}"})
+        r, retried = self.send("turn complete", "POST", f"/v1/turns/{t}/complete", json={"assistant_message": f"done {number}"})
         assert r.status_code == 200 or self.landed(r, retried, "turn.not_running", "turn complete",
                                                    status="completed"), (self.n, r.status_code, r.text)
 
@@ -244,6 +246,12 @@ def run_story(store: Store, stack: dict[str, str], tmp_path: Path) -> None:
     (tmp_path / "replicas-figures.json").write_text(json.dumps(figures, indent=1))
 
 
+def answered(balancer: Balancer, replica: Replica) -> int:
+    """HTTP answers the balancer got from ``replica`` so far (any status)."""
+    row = balancer.stats()[replica.name]
+    return sum(int(row[f"hrsp_{k}"] or 0) for k in ("1xx", "2xx", "3xx", "4xx", "5xx", "other"))
+
+
 def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], balancer: Balancer,
           tmp_path: Path) -> dict[str, Any]:
     lb = balancer.url
@@ -273,7 +281,7 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
     while figures.requests < planned // 3:
         time.sleep(0.05)
     requests_at_kill = figures.requests
-    sessions_before = int(balancer.stats()[victim.name]["stot"])
+    answered_before = answered(balancer, victim)
     t_kill = time.monotonic()
     victim.kill9()
     t_down = None
@@ -290,9 +298,9 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
         if balancer.status()[victim.name] == "UP":
             t_up = time.monotonic()
         time.sleep(0.02)
-    sessions_at_up = int(balancer.stats()[victim.name]["stot"])
+    answered_at_up = answered(balancer, victim)
     # let the restarted replica serve a while, then let the agents finish their turns
-    while int(balancer.stats()[victim.name]["stot"]) < sessions_at_up + 50 and time.monotonic() - t_up < 60:
+    while answered(balancer, victim) < answered_at_up + 100 and time.monotonic() - t_up < 60:
         time.sleep(0.1)
     keep_going.clear()
     for th in threads:
@@ -301,7 +309,8 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
     t_end = time.monotonic()
     failures = [(a.n, a.failure) for a in agents if a.failure] + [("reader", r.failure) for r in readers if r.failure]
     assert not failures, failures
-    served_after = int(balancer.stats()[victim.name]["stot"]) - sessions_at_up
+    served_after = answered(balancer, victim) - answered_at_up
+    assert served_after > 0, "the restarted replica served nothing: round robin did not take it back"
 
     # -- every acknowledged call and write is there, none twice -----------------------------------
     turns_total = calls_total = 0
@@ -344,8 +353,8 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
         "files": sum(len(a.files) for a in agents),
         "requests": figures.requests, "retries": figures.retries, "errors_seen": dict(figures.errors),
         "landed_on_retry": dict(figures.landed_on_retry),
-        "requests_at_kill": requests_at_kill, "victim_sessions_before_kill": sessions_before,
-        "victim_sessions_after_restart": served_after,
+        "requests_at_kill": requests_at_kill, "victim_answers_before_kill": answered_before,
+        "victim_answers_after_restart": served_after, "retried_by_operation": dict(figures.retried),
         "seconds": {
             "run": round(t_end - t_start, 2),
             "kill_to_marked_down": round(t_down - t_kill, 2),

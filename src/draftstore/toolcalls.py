@@ -9,6 +9,11 @@ ever disagree: after the end the column is the single truth, the row table
 holds only running turns (small, so its inserts stay fast), and a reader never
 merges two sources.
 
+A start may carry an idempotency key, kept on its row with the SHA-256 of what
+the start asked; a unique index on (turn_id, idempotency_key) makes a repeated
+start (its answer lost) find the first call instead of recording a second. The
+key is not compacted: once the turn has ended no start is recorded anyway.
+
 Args and results larger than ``inline_payload_bytes`` (or holding a NUL
 character, which PostgreSQL's JSONB cannot store) live in the blob store,
 referenced by digest with a preview; compaction keeps the reference.
