@@ -28,6 +28,7 @@ import queue
 import random
 import threading
 import time
+from datetime import datetime, timezone
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,18 +78,21 @@ class Agent:
 
     def __init__(self, n: int, lb: str, token: str, project_id: str, figures: Figures, keep_going: threading.Event,
                  turns_out: queue.Queue[str | None] | None) -> None:
-        self.n, self.project_id, self.figures, self.keep_going, self.turns_out = n, project_id, figures, keep_going, turns_out
+        self.n, self.project_id, self.figures = n, project_id, figures
+        self.keep_going, self.turns_out = keep_going, turns_out
         self.client = httpx.Client(base_url=lb, headers={"authorization": f"Bearer {token}"}, timeout=60)
         self.turns: list[str] = []
         self.calls: dict[str, list[tuple[str, int]]] = {}  # turn -> [(idempotency key, seq)] acknowledged
         self.files: dict[str, bytes] = {}  # path -> content acknowledged (the last write of the path)
         self.failure: BaseException | None = None
+        self.last_attempt_at = datetime.now(timezone.utc)
 
     def send(self, operation: str, method: str, path: str, **kw: Any) -> tuple[httpx.Response, bool]:
         """The answer, and whether it came to a retry (the first attempt may have landed)."""
         retried = False
         for attempt in range(60):
             self.figures.sent()
+            self.last_attempt_at = datetime.now(timezone.utc)
             try:
                 r = self.client.request(method, path, **kw)
             except httpx.TransportError as exc:
@@ -147,19 +151,25 @@ class Agent:
         for k in range(1, CALLS_PER_TURN + 1):
             key = f"a{self.n}-t{number}-c{k}"
             path = f"agent{self.n}/turn{number}/call{k}.txt"
-            r, _ = self.send("call start", "POST", f"/v1/turns/{t}/tool-calls", headers={"Idempotency-Key": key},
-                             json={"tool_name": "write_file", "args": {"path": path, "key": key}})
+            r, retried = self.send("call start", "POST", f"/v1/turns/{t}/tool-calls",
+                                   headers={"Idempotency-Key": key},
+                                   json={"tool_name": "write_file", "args": {"path": path, "key": key}})
             assert r.status_code == 201, (self.n, r.status_code, r.text)
+            if retried and datetime.fromisoformat(r.json()["started_at"]) < self.last_attempt_at:
+                with self.figures.lock:  # recorded before the attempt that answered: the key found it
+                    self.figures.landed_on_retry["call start (answered by its key)"] += 1
             seq = r.json()["seq"]
             self.calls[t].append((key, seq))
             content = f"{key}\n".encode() * 8
             r, _ = self.send("file write", "PUT", f"/v1/turns/{t}/files/{path}", content=content)
             assert r.status_code == 204, (self.n, r.status_code, r.text)
             self.files[path] = content
-            r, retried = self.send("call complete", "POST", f"/v1/turns/{t}/tool-calls/{seq}/complete", json={"result": {"key": key}})
+            r, retried = self.send("call complete", "POST", f"/v1/turns/{t}/tool-calls/{seq}/complete",
+                                   json={"result": {"key": key}})
             assert r.status_code == 204 or self.landed(r, retried, "toolcall.already_finished", "call complete",
                                                        status="completed"), (self.n, r.status_code, r.text)
-        r, retried = self.send("turn complete", "POST", f"/v1/turns/{t}/complete", json={"assistant_message": f"done {number}"})
+        r, retried = self.send("turn complete", "POST", f"/v1/turns/{t}/complete",
+                               json={"assistant_message": f"done {number}"})
         assert r.status_code == 200 or self.landed(r, retried, "turn.not_running", "turn complete",
                                                    status="completed"), (self.n, r.status_code, r.text)
 

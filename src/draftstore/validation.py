@@ -328,7 +328,7 @@ def snapshot_id(value: Any) -> str:
 
 
 MAX_IDEMPOTENCY_KEY_CHARS = 200
-_IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,%d}" % MAX_IDEMPOTENCY_KEY_CHARS)
+_IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
 
 
 def idempotency_key(value: Any) -> str | None:
