@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import json
 import time
-from hashlib import sha256
 from datetime import datetime
+from hashlib import sha256
 from typing import Any
 
 import sqlalchemy as sa
