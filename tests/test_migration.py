@@ -699,3 +699,55 @@ def test_upgrading_a_0008_postgres_database_keeps_its_turns_standing_and_lets_a_
         real_postgres, tmp_path):
     with empty_postgres(real_postgres) as url:
         upgrade_0008_and_check(url, tmp_path)
+
+
+# -- 0009 -> 0010: tool-call starts with an idempotency key ---------------------------------------------
+def upgrade_0009_and_check(url: str, tmp_path: Path) -> None:
+    """A running turn with two recorded calls (no key columns yet) upgrades; its calls keep their
+    seqs, and keyed starts work on it at once (one call per key)."""
+    from draftstore.db.tables import P as PROJECT, V as VERSION
+
+    empty = str(EMPTY_TREE)
+    engine = create_db_engine(url)
+    try:
+        upgrade(engine, "0009")
+        with engine.begin() as conn:
+            conn.execute(PROJECT.insert().values(id=P, name="before keys", current_version_id=V1,
+                                                 active_draft_id=DR, created_at=at(0)))
+            conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty,
+                                                 file_count=0, characters_json={}, world_settings_json={},
+                                                 summary="v1", created_at=at(0)))
+            conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="running",
+                                           code_manifest_key=empty, file_count=0, characters_json={},
+                                           world_settings_json={}, revision=1, last_turn_id=T1,
+                                           status_changed_at=at(1), created_at=at(1)))
+            conn.execute(T.insert().values(id=T1, project_id=P, draft_id=DR, number=1, base_version_id=V1,
+                                           status="running", user_message_json="go", start_root=empty,
+                                           started_at=at(1)))
+            for seq in (1, 2):
+                conn.execute(sa.text("INSERT INTO tool_call (turn_id, seq, tool_name, status, args_json, started_at)"
+                                     " VALUES (:t, :s, 'view_file', 'started', :a, :at)"),
+                             {"t": T1, "s": seq, "a": json.dumps({"n": seq}), "at": at(1 + seq / 10)})
+        upgrade(engine)
+        assert current_revision(engine) == head_revision()
+    finally:
+        engine.dispose()
+    store = by_open(url, tmp_path)
+    try:
+        assert [(c.seq, c.args) for c in store.get_turn(T1).tool_calls] == [(1, {"n": 1}), (2, {"n": 2})]
+        first = store.tool_started(T1, "view_file", {"n": 3}, idempotency_key="k3")
+        again = store.tool_started(T1, "view_file", {"n": 3}, idempotency_key="k3")
+        assert first.seq == again.seq == 3
+        assert store.complete_turn(T1, "done").tool_calls[-1].seq == 3
+    finally:
+        store.close()
+
+
+def test_upgrading_a_0009_sqlite_database_keeps_running_calls_and_takes_keyed_starts(tmp_path):
+    upgrade_0009_and_check(f"sqlite:///{tmp_path}/old.db", tmp_path)
+
+
+@pytest.mark.real
+def test_upgrading_a_0009_postgres_database_keeps_running_calls_and_takes_keyed_starts(real_postgres, tmp_path):
+    with empty_postgres(real_postgres) as url:
+        upgrade_0009_and_check(url, tmp_path)

@@ -37,6 +37,7 @@ Tree (code in brackets)::
     │   │   ├── ToolCallAlreadyFinished [toolcall.already_finished]
     │   │   └── ToolCallAwaitingApproval [toolcall.awaiting_approval]
     │   ├── ToolCallNotAwaitingApproval [toolcall.not_awaiting_approval]
+    │   ├── IdempotencyConflict [idempotency.conflict] a key reused for another request
     │   ├── DraftConflict      [draft.conflict]
     │   ├── DraftBusy          [draft.busy]
     │   ├── PathConflict       [path.conflict]
@@ -89,6 +90,7 @@ __all__ = [
     "ToolCallAlreadyFinished",
     "ToolCallAwaitingApproval",
     "ToolCallNotAwaitingApproval",
+    "IdempotencyConflict",
     "TokenNotFound",
     "AuthError",
     "AuthRequired",
@@ -244,6 +246,13 @@ class TurnConflict(StateConflict):
 
 class ToolCallNotStarted(StateConflict):
     code = "toolcall.not_started"
+
+
+class IdempotencyConflict(StateConflict):
+    """An ``Idempotency-Key`` already recorded a request that differs from this one
+    (another tool, other args): a retry repeats its request exactly. Nothing was recorded."""
+
+    code = "idempotency.conflict"
 
 
 class ToolCallAlreadyFinished(ToolCallNotStarted):

@@ -344,14 +344,18 @@ class Store:
 
     # -------------------------------------------------------------- tool calls
     def tool_started(self, turn_id: str, tool_name: str, args: Any = None, *,
-                     needs_approval: bool = False) -> ToolCall:
+                     needs_approval: bool = False, idempotency_key: str | None = None) -> ToolCall:
         """Record that a tool call began; returns it with its ``seq`` (1, 2, 3, ... per turn).
 
         One row insert whatever the length of the history (O(1)). Raises
         ``turn.not_running`` once the turn has ended. ``needs_approval=True``
         records it ``awaiting_approval`` until ``decide_tool_call``.
+        ``idempotency_key`` (1-200 visible ASCII characters) makes a retry safe: while
+        the turn runs, a start with a key it already recorded returns that call as it
+        stands now (same ``seq``) and records nothing; the same key with another tool
+        name, args or ``needs_approval`` raises ``idempotency.conflict``.
         """
-        return self._toolcalls.started(turn_id, tool_name, args, needs_approval)
+        return self._toolcalls.started(turn_id, tool_name, args, needs_approval, idempotency_key)
 
     def decide_tool_call(self, turn_id: str, seq: int, approved: bool, reason: Any = None, *,
                          actor: str | None = None) -> ToolCall:

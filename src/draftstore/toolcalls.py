@@ -9,6 +9,11 @@ ever disagree: after the end the column is the single truth, the row table
 holds only running turns (small, so its inserts stay fast), and a reader never
 merges two sources.
 
+A start may carry an idempotency key, kept on its row with the SHA-256 of what
+the start asked; a unique index on (turn_id, idempotency_key) makes a repeated
+start (its answer lost) find the first call instead of recording a second. The
+key is not compacted: once the turn has ended no start is recorded anyway.
+
 Args and results larger than ``inline_payload_bytes`` (or holding a NUL
 character, which PostgreSQL's JSONB cannot store) live in the blob store,
 referenced by digest with a preview; compaction keeps the reference.
@@ -19,6 +24,7 @@ from __future__ import annotations
 import json
 import time
 from datetime import datetime
+from hashlib import sha256
 from typing import Any
 
 import sqlalchemy as sa
@@ -117,13 +123,17 @@ class ToolCalls:
             T.c.id, next_seq, sa.bindparam("p_tool_name", type_=sa.String), sa.bindparam("p_status", type_=sa.String),
             sa.bindparam("p_args_json", type_=sa.Text), sa.bindparam("p_args_digest", type_=sa.String),
             sa.bindparam("p_args_preview", type_=sa.Text), sa.bindparam("p_now", type_=sa.DateTime(timezone=True)),
+            sa.bindparam("p_idempotency_key", type_=sa.String), sa.bindparam("p_request_digest", type_=sa.String),
         ).where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
         if not b.sqlite:
             # wait for, then re-check, a concurrent status change of the turn
             source = source.with_for_update(read=True, of=T)
         self._started = b.one_shot(TC.insert().from_select(
-            ["turn_id", "seq", "tool_name", "status", "args_json", "args_digest", "args_preview", "started_at"],
+            ["turn_id", "seq", "tool_name", "status", "args_json", "args_digest", "args_preview", "started_at",
+             "idempotency_key", "request_digest"],
             source).returning(TC.c.seq))
+        self._by_key = sa.select(TC).where(TC.c.turn_id == sa.bindparam("p_turn_id"),
+                                           TC.c.idempotency_key == sa.bindparam("p_idempotency_key"))
         running = sa.exists().where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
         finish = TC.update().where(TC.c.turn_id == sa.bindparam("p_turn_id"), TC.c.seq == sa.bindparam("p_seq"),
                                    TC.c.status == ToolCallStatus.STARTED.value, running)
@@ -151,20 +161,37 @@ class ToolCalls:
         digest = self.b.blobs.put(text.encode("utf-8"))
         return None, digest, text[: limits.payload_preview_chars]
 
-    def started(self, turn_id: str, tool_name: str, args: Any, needs_approval: bool = False) -> ToolCall:
+    def started(self, turn_id: str, tool_name: str, args: Any, needs_approval: bool = False,
+                idempotency_key: str | None = None) -> ToolCall:
+        """Record a call's start (see ``Store.tool_started``). With ``idempotency_key``, a
+        start the turn already recorded under that key is answered with that call as it
+        stands (nothing recorded, no event); the same key with another request raises
+        ``idempotency.conflict``. The unique index (turn_id, idempotency_key) decides
+        between racing starts: the loser reads the winner's call."""
         check.turn_id(turn_id)
         tool_name = check.name("tool_name", tool_name)
         check.flag("needs_approval", needs_approval)
+        key = check.idempotency_key(idempotency_key)
         args_json, args_digest, args_preview = self._payload("args", args)
+        request = None
+        if key is not None:
+            # no read ahead of the insert: a first start (the usual case) costs what it did
+            request = sha256(json.dumps([tool_name, args_json, args_digest, needs_approval]).encode()).hexdigest()
         now = utcnow()
         status = ToolCallStatus.AWAITING_APPROVAL if needs_approval else ToolCallStatus.STARTED
         params = {"p_turn_id": turn_id, "p_tool_name": tool_name, "p_args_json": args_json, "p_status": status.value,
-                  "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now}
+                  "p_args_digest": args_digest, "p_args_preview": args_preview, "p_now": now,
+                  "p_idempotency_key": key, "p_request_digest": request}
         for attempt in range(20):
             try:
                 row, _ = self.b.run(self._started, params, (turn_id, 0))
                 break
             except sa_exc.IntegrityError:
+                if key is not None:
+                    # an earlier or concurrent start with the same key: its call is the answer
+                    earlier = self._repeat(turn_id, key, request)
+                    if earlier is not None:
+                        return earlier
                 # two recorders raced for the same seq: take the next one
                 if attempt == 19:
                     raise
@@ -177,6 +204,19 @@ class ToolCalls:
                         args=None if args_digest else args, args_digest=args_digest, args_preview=args_preview,
                         result=None, result_digest=None, result_preview=None, error=None,
                         started_at=now, ended_at=None)
+
+    def _repeat(self, turn_id: str, key: str, request: str | None) -> ToolCall | None:
+        """The call a start with ``key`` recorded in this running turn, or None; raises
+        ``idempotency.conflict`` if that start asked something else than ``request``."""
+        with self.b.tx(read_only=True) as conn:
+            row = conn.execute(self._by_key, {"p_turn_id": turn_id, "p_idempotency_key": key}).first()
+        if row is None:
+            return None
+        if row.request_digest != request:
+            raise E.IdempotencyConflict(
+                f"Idempotency-Key {key!r} of turn {turn_id} recorded another request (tool call {row.seq})",
+                turn_id=turn_id, seq=row.seq, idempotency_key=key)
+        return _from_row(turn_id, row)
 
     def decide(self, turn_id: str, seq: int, approved: bool, reason: Any, actor: str | None) -> ToolCall:
         """Record the approval decision of a call awaiting one: approved, it is

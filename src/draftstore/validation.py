@@ -327,6 +327,21 @@ def snapshot_id(value: Any) -> str:
     return _ident(value, "snapshot_id", E.SnapshotNotFound)
 
 
+MAX_IDEMPOTENCY_KEY_CHARS = 200
+_IDEMPOTENCY_KEY = re.compile(rf"[\x21-\x7e]{{1,{MAX_IDEMPOTENCY_KEY_CHARS}}}")
+
+
+def idempotency_key(value: Any) -> str | None:
+    """An ``Idempotency-Key``: None (no key), or 1 to 200 visible ASCII characters
+    (what an HTTP header carries unchanged: no blank, no control character)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not _IDEMPOTENCY_KEY.fullmatch(value):
+        raise E.InvalidInput(f"idempotency_key is 1 to {MAX_IDEMPOTENCY_KEY_CHARS} visible ASCII characters",
+                             field="idempotency_key")
+    return value
+
+
 def flag(field: str, value: Any) -> bool:
     """A yes/no parameter: exactly ``True`` or ``False`` (not 1, "yes" or None)."""
     if not isinstance(value, bool):

@@ -211,6 +211,12 @@ class TurnRow(SQLModel, table=True):
 
 class ToolCallRow(SQLModel, table=True):
     __tablename__ = "tool_call"
+    __table_args__ = (
+        # a retried start names the call it repeats: one call per key within a turn
+        sa.Index("uq_tool_call_idempotency", "turn_id", "idempotency_key", unique=True,
+                 sqlite_where=sa.text("idempotency_key IS NOT NULL"),
+                 postgresql_where=sa.text("idempotency_key IS NOT NULL")),
+    )
     turn_id: str = Field(foreign_key="project_turn.id", primary_key=True, max_length=ID)
     seq: int = Field(primary_key=True)
     tool_name: str = Field(max_length=NAME)
@@ -229,6 +235,10 @@ class ToolCallRow(SQLModel, table=True):
     approval_json: str | None = Field(default=None, sa_column=sa.Column(sa.Text))
     started_at: datetime = Field(sa_column=_ts())
     ended_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
+    # the caller's Idempotency-Key of the start, and the SHA-256 of what that start asked
+    # (tool name, args, needs_approval): the same key with another request is a conflict
+    idempotency_key: str | None = Field(default=None, max_length=NAME)
+    request_digest: str | None = Field(default=None, max_length=DIGEST)
 
 
 class SnapshotRow(SQLModel, table=True):

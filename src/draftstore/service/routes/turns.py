@@ -30,11 +30,23 @@ def _scoped(request: Request, principal: Principal, store: Any, turn_id: str) ->
 # Routes match in the order they are declared: the requests an agent sends most (tool calls,
 # writes, heartbeats, deltas) come first.
 # -- tool calls ---------------------------------------------------------------------------
-@router.post("/turns/{turn_id}/tool-calls", status_code=201, response_model=ToolCall, response_class=JSON)
+# read from the request rather than declared as a Header() parameter: the fast lane
+# (fastlane.py) calls this function with the arguments it knows; the document names it here
+IDEMPOTENCY_KEY = {"name": "Idempotency-Key", "in": "header", "required": False, "schema": {
+    "type": "string", "minLength": 1, "maxLength": 200, "pattern": "^[\\x21-\\x7e]+$"},
+    "description": "Makes a retry safe: while the turn runs, a start with a key the turn already recorded "
+                   "answers that call (same seq, 201) and records nothing; the same key with another "
+                   "tool_name, args or needs_approval is 409 idempotency.conflict."}
+
+
+@router.post("/turns/{turn_id}/tool-calls", status_code=201, response_model=ToolCall, response_class=JSON,
+             openapi_extra={"parameters": [IDEMPOTENCY_KEY]})
 def tool_started(turn_id: str, body: ToolStart, request: Request, store: StoreDep,
                  principal: Principal = Allow(*AGENT)) -> JSON:
+    """Record a call's start; send an ``Idempotency-Key`` to make a retry safe."""
     _scoped(request, principal, store, turn_id)
-    call = store.tool_started(turn_id, body.tool_name, body.args, needs_approval=body.needs_approval)
+    call = store.tool_started(turn_id, body.tool_name, body.args, needs_approval=body.needs_approval,
+                              idempotency_key=request.headers.get("idempotency-key"))
     return JSON(call, status_code=201)
 
 
