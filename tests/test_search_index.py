@@ -765,7 +765,7 @@ def test_searches_answered_from_the_tree_summary_equal_a_full_scan(
     with index_shape(shape), pack_limits((2, 60, 1 << 20)):  # a spine, so a summary, even for a few files
         p = store.create_project("summary", files=corpus)
     spy = SummarySpy()
-    with mock.patch.object(view_module.View, "_summarised", lambda planner, *a: spy(planner, *a)):
+    with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):
         assert_same_as_scan(store, p.id, qs, "version")
         store.cache.clear()
         assert_same_as_scan(store, p.id, qs, "version, read cold")
@@ -850,6 +850,36 @@ def test_packs_without_line_tables_get_no_summary_and_search_the_old_way(store_f
         spine = conn.execute(sa.select(PK).where(PK.c.kind == "spine")).one()
     assert spine.search_index is None
     spy = SummarySpy()
-    with mock.patch.object(view_module.View, "_summarised", lambda planner, *a: spy(planner, *a)):
+    with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):
         res = store_factory().view(p.id).search_code("needle_x")
     assert len(res.matches) == 2 and spy.answered == 0
+
+
+def test_every_state_the_store_hands_out_searches_through_its_indexes(store_factory: Any) -> None:
+    """The head, a version, a turn's boundaries and the draft (with its writes) all plan
+    their searches with the store's indexes: each is answered from the tree summary, and
+    each answer equals a full scan of that same state."""
+    store = store_factory()
+    p, _ = summarised_project(store)
+    t = store.start_turn(p.id, "edit")
+    store.write_file(t.id, "d0/new.txt", b"needle_x written\n")
+    store.complete_turn(t.id, "done")
+    with pack_limits((40, packing_module.MAX_PACK_BYTES, packing_module.MAX_PACKED_FILE)):
+        assert store.run_background()["drafts_packed"] == 1  # the draft's new tree, and its summary
+    t2 = store.start_turn(p.id, "again")
+    cold = store_factory()
+    states = {"draft": cold.view(p.id), "head": cold.resolve(f"head:{p.id}"),
+              "version": cold.view_at(p.id, p.current_version_id),
+              "turn start": cold.view_at_turn(t.id, "start"), "turn end": cold.view_at_turn(t.id, "end")}
+    assert states["draft"].draft_id and states["draft"].overlay == {}  # t2 runs; t's write is sealed
+    spy = SummarySpy()
+    with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):
+        for name, view in states.items():
+            before = spy.answered
+            got = lines(view.search_code("needle_x"))
+            view._search = Planner()  # noqa: SLF001 - no indexes: every file is read
+            assert got == lines(view.search_code("needle_x")), name
+            assert spy.answered == before + 1, f"{name}: not answered from the tree summary"
+    assert ("d0/new.txt", 1, "needle_x written") in lines(states["draft"].search_code("needle_x"))
+    assert ("d0/new.txt", 1, "needle_x written") not in lines(states["turn start"].search_code("needle_x"))
+    store.interrupt_turn(t2.id)
