@@ -56,6 +56,8 @@ class View:
 
     ``kind`` is ``"draft"``, ``"version"`` or ``"empty"`` (a project with no
     version and no draft); ``draft_id`` / ``version_id`` say which state it is.
+    ``search`` plans ``search_code`` (the store's ``search.CodeSearch``, which reads
+    the packed subtrees' indexes; without one every file is read, same answers).
     """
 
     def __init__(
