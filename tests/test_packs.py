@@ -35,6 +35,7 @@ from draftstore.db.tables import PK, PO, V
 from draftstore.digest import Digest, digest_of
 from draftstore.errors import IntegrityError
 from draftstore.packs import Pack, encode_pack, frame_locations
+from draftstore.search import Planner
 
 BIG = 1024 * 1024 + 4321  # over MAX_PACKED_FILE: stored on its own
 
@@ -525,7 +526,7 @@ def test_a_multi_part_subtree_stays_fully_searchable_after_a_change_in_its_first
     parts = [r for r in packs_in_store(cold) if r.tree == view.root]
     assert len(v1_parts) >= 2
     oracle = cold.view_at(p.id, v2.id)
-    oracle._packing = None
+    oracle._search = Planner()  # noqa: SLF001 - no indexes: every file is read
     assert [m.path for m in oracle.search_code(f"MARK{count - 1:03d} line 00000007")] == [last]
     hit = view.search_code(f"MARK{count - 1:03d} line 00000007")
     assert [m.path for m in hit] == [last], f"packs covering the new root: {[(r.kind, r.part) for r in parts]}"

@@ -1,4 +1,4 @@
-"""Search and globs as an agent meets them: pure tests of draftstore.search (no store)."""
+"""Search and globs as an agent meets them: pure tests of the matcher, draftstore.search.matcher (no store)."""
 
 from __future__ import annotations
 

@@ -5,7 +5,7 @@
   packed by ``create_project`` (with the pack limits drawn small too, so that
   spines, ``files`` packs, multi-part packs and loose files all occur), searched
   with random literals and regexes, with and without a glob, with small and
-  large caps; the same view with its index turned off (``view._packing = None``)
+  large caps; the same view with its index turned off (a ``Planner`` without indexes)
   is the oracle. Then again on a draft whose overlay writes, modifies and
   deletes files, once more after the turn ends (sealed, partly packed), and
   after publishing it (the new version packed by ``run_background``); the index
@@ -36,13 +36,14 @@ import zstandard
 
 from draftstore import packing as packing_module
 from draftstore import packs as packs_module
-from draftstore import lineindex as lineindex_module
-from draftstore import searchindex as searchindex_module
-from draftstore import view as view_module
+from draftstore.search import linetables as linetables_module
+from draftstore.search import trigrams as trigrams_module
+from draftstore.search import planner as planner_module
 from draftstore.db.tables import PK
 from draftstore.digest import Digest, digest_of
-from draftstore.search import Searcher
-from draftstore.searchindex import IndexDirectory, IndexObjects, SearchIndex, required_trigrams
+from draftstore.search import Planner, Searcher
+from draftstore.search.packed import index_key
+from draftstore.search.trigrams import IndexDirectory, IndexObjects, SearchIndex, required_trigrams
 
 KELVIN = "\u212a"  # KELVIN SIGN: RE2 folds it with k and K
 LONG_S = "\u017f"  # LATIN SMALL LETTER LONG S: RE2 folds it with s and S
@@ -58,7 +59,7 @@ def lines(result: Any) -> list[tuple[str, int, str]]:
 def scan_view(store: Store, project_id: str) -> Any:
     """The newest state with its index turned off: every file is read (the oracle)."""
     view = store.view(project_id)
-    view._packing = None
+    view._search = Planner()  # noqa: SLF001 - no indexes: every file is read
     return view
 
 
@@ -240,12 +241,12 @@ def index_shape(shape: str) -> ExitStack:
     if shape == "v2-tiny":
         for name, value in (("INLINE_BUDGET", 1), ("INLINE_MAX", 1), ("SHARD_POSTINGS", 2),
                             ("MAX_SHARDS_PER_QUERY", 1)):
-            stack.enter_context(mock.patch.object(searchindex_module, name, value))
+            stack.enter_context(mock.patch.object(trigrams_module, name, value))
         stack.enter_context(mock.patch.object(packs_module, "FRAME_BYTES", 1))
         stack.enter_context(mock.patch.object(packs_module, "MERGE_GAP", 0))
     elif shape == "lines-tiny":  # line tables and tree summaries that leave out most trigrams
         for name, value in (("MAX_LINE", 12), ("MAX_LINES_PER_TRIGRAM", 2), ("SUMMARY_BUDGET", 120)):
-            stack.enter_context(mock.patch.object(lineindex_module, name, value))
+            stack.enter_context(mock.patch.object(linetables_module, name, value))
     elif shape == "v1":
         stack.enter_context(mock.patch.object(packing_module, "encode_pack", encode_pack_v1))
         stack.enter_context(mock.patch.object(
@@ -380,10 +381,10 @@ def test_a_cold_search_reads_the_directory_a_few_shards_and_the_candidates_frame
     directory = IndexDirectory.decode(store.blobs.get(Digest(rows[0].search_index)))
     query = required_trigrams("needle", False)
     assert len(directory.shard_digest) > 10
-    assert 1 <= len(directory.shards_for(query)) <= searchindex_module.MAX_SHARDS_PER_QUERY < len(query[0])
+    assert 1 <= len(directory.shards_for(query)) <= trigrams_module.MAX_SHARDS_PER_QUERY < len(query[0])
     store.cache.clear()
     store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
-    with mock.patch.object(searchindex_module, "MAX_SHARDS_PER_QUERY", 1):
+    with mock.patch.object(trigrams_module, "MAX_SHARDS_PER_QUERY", 1):
         res = store.view(p.id).search_code("needle")
     assert lines(res) == [("d1/f7.txt", 1, "line needle here")]
     assert not any(store._b.objects.packs.has_pack(r.digest) for r in rows)  # no pack fetched whole
@@ -394,7 +395,7 @@ def test_a_warm_search_reuses_what_it_found_in_the_frames_and_refetches_what_was
     p, rows = sharded_project(store)
     store.cache.clear()
     first = lines(store.view(p.id).search_code("common", max_results=1000))
-    directory = store.cache.get("index:" + rows[0].search_index)  # the decoded directory, as the search keeps it
+    directory = store.cache.get(index_key(rows[0].search_index))  # the decoded directory, as the search keeps it
     assert isinstance(directory, IndexDirectory) and directory.found  # the frames' objects were remembered
     assert lines(store.view(p.id).search_code("common", max_results=1000)) == first
     for digest in set(directory.found.values()):
@@ -577,8 +578,8 @@ def test_the_trigram_table_is_every_files_distinct_trigrams_by_trigram_then_file
         low = data.lower()
         for j in range(len(low) - 2):
             expected.setdefault((low[j] << 16) | (low[j + 1] << 8) | low[j + 2], set()).add(i)
-    with mock.patch.object(searchindex_module, "_BATCH", batch):
-        keys, offsets, postings = searchindex_module._table(files)  # noqa: SLF001 - the structure under test
+    with mock.patch.object(trigrams_module, "_BATCH", batch):
+        keys, offsets, postings = trigrams_module._table(files)  # noqa: SLF001 - the structure under test
     assert keys.tolist() == sorted(expected)
     got = {int(k): postings[offsets[n]:offsets[n + 1]].tolist() for n, k in enumerate(keys)}
     assert got == {k: sorted(v) for k, v in expected.items()}
@@ -630,7 +631,7 @@ def test_literal_patterns_are_never_parsed_as_regexes() -> None:
 
 
 # =====================================================================================
-# line tables and tree summaries (lineindex): a selective literal answered from one object
+# line tables and tree summaries (search.linetables): a selective literal answered from one object
 # =====================================================================================
 def brute_lines(files: dict[str, bytes], gram: bytes) -> dict[str, list[tuple[int, bytes]]]:
     """Every line of every text file whose lowercased bytes hold ``gram``: what a table must list."""
@@ -653,14 +654,14 @@ def test_a_tree_summary_lists_every_line_of_each_trigram_it_holds(units: list[di
     tables, every = [], {}
     for u, files in enumerate(units):
         listed = [(path, digest_of(data), data) for path, data in sorted(files.items())]
-        built = searchindex_module.build_index_objects(listed, {}, inline_max=3, inline_budget=12)
+        built = trigrams_module.build_index_objects(listed, {}, inline_max=3, inline_budget=12)
         assert built.lines is not None
-        tables.append((f"u{u}/", lineindex_module.LineTable.decode(built.lines)))
+        tables.append((f"u{u}/", linetables_module.LineTable.decode(built.lines)))
         every.update({f"u{u}/{p}": d for p, d in files.items()})
-    raw = lineindex_module.build_summary(tables)
+    raw = linetables_module.build_summary(tables)
     if raw is None:
         return
-    summary = lineindex_module.LineTable.decode(raw)
+    summary = linetables_module.LineTable.decode(raw)
     assert summary.summary and len(summary.keys)
     for key in summary.keys:
         gram = bytes(((int(key) >> 16) & 255, (int(key) >> 8) & 255, int(key) & 255))
@@ -674,8 +675,8 @@ def brute_unit_lines(files: dict[str, bytes], gram: bytes) -> dict[str, list[tup
     the module's limits leave the trigram out (a line too long or with a NUL, too many lines)."""
     found = brute_lines(files, gram)
     lines = [line for v in found.values() for _, line in v]
-    if (b"\n" in gram or len(lines) > lineindex_module.MAX_LINES_PER_TRIGRAM
-            or any(len(line) > lineindex_module.MAX_LINE or b"\x00" in line for line in lines)):
+    if (b"\n" in gram or len(lines) > linetables_module.MAX_LINES_PER_TRIGRAM
+            or any(len(line) > linetables_module.MAX_LINE or b"\x00" in line for line in lines)):
         return None
     return found
 
@@ -710,15 +711,15 @@ def test_a_unit_table_lists_exactly_the_lines_of_its_trigrams(
     trigram, and ``present`` holds every trigram of the index."""
     listed = [(path, digest_of(data), data) for path, data in sorted(files.items())]
     with ExitStack() as stack:
-        stack.enter_context(mock.patch.object(lineindex_module, "MAX_LINE", limits[0]))
-        stack.enter_context(mock.patch.object(lineindex_module, "MAX_LINES_PER_TRIGRAM", limits[1]))
-        built = searchindex_module.build_index_objects(listed, {}, inline_max=inline[0], inline_budget=inline[1])
+        stack.enter_context(mock.patch.object(linetables_module, "MAX_LINE", limits[0]))
+        stack.enter_context(mock.patch.object(linetables_module, "MAX_LINES_PER_TRIGRAM", limits[1]))
+        built = trigrams_module.build_index_objects(listed, {}, inline_max=inline[0], inline_budget=inline[1])
         assert built.lines is not None
-        table = lineindex_module.LineTable.decode(built.lines)
-        directory = searchindex_module.decode_index(built.directory)
+        table = linetables_module.LineTable.decode(built.lines)
+        directory = trigrams_module.decode_index(built.directory)
         assert isinstance(directory, IndexDirectory)
         inline_keys = [int(k) for k in directory.inline[0]]
-        keys, _, _ = searchindex_module._table(listed)
+        keys, _, _ = trigrams_module._table(listed)
         assert [int(k) for k in table.present] == [int(k) for k in keys]
         assert set(int(k) for k in table.keys) <= set(inline_keys)
         for key in inline_keys:
@@ -740,10 +741,10 @@ class SummarySpy:
 
     def __init__(self) -> None:
         self.answered = 0
-        self._real = view_module.View._summarised
+        self._real = planner_module.Planner._summarised
 
-    def __call__(self, view: Any, *a: Any) -> Any:
-        out = self._real(view, *a)
+    def __call__(self, planner: Any, *a: Any) -> Any:
+        out = self._real(planner, *a)
         self.answered += out is not None
         return out
 
@@ -764,7 +765,7 @@ def test_searches_answered_from_the_tree_summary_equal_a_full_scan(
     with index_shape(shape), pack_limits((2, 60, 1 << 20)):  # a spine, so a summary, even for a few files
         p = store.create_project("summary", files=corpus)
     spy = SummarySpy()
-    with mock.patch.object(view_module.View, "_summarised", lambda view, *a: spy(view, *a)):
+    with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):
         assert_same_as_scan(store, p.id, qs, "version")
         store.cache.clear()
         assert_same_as_scan(store, p.id, qs, "version, read cold")
@@ -795,13 +796,13 @@ def test_a_first_search_reads_the_tree_summary_and_nothing_else(store_factory: A
     with store.engine.connect() as conn:
         rows = conn.execute(sa.select(PK)).all()
     spine = next(r for r in rows if r.kind == "spine")
-    assert spine.search_index and lineindex_module.LineTable.decode(store.blobs.get(Digest(spine.search_index))).summary
+    assert spine.search_index and linetables_module.LineTable.decode(store.blobs.get(Digest(spine.search_index))).summary
     cold = store_factory()
     res = cold.view(p.id).search_code("needle_x")
     assert lines(res) == [("d1/f07.txt", 3, "and needle_x twice: needle_x"), ("d3/f29.txt", 1, "needle_x at the end")]
     for r in rows:
         if r.kind != "spine":
-            assert "index:" + r.search_index not in cold.cache  # no pack's index read
+            assert index_key(r.search_index) not in cold.cache  # no pack's index read
             assert not cold._b.objects.packs.has_pack(r.digest)
     assert res.files_searched == 2
     oracle = scan_view(cold, p.id)
@@ -842,13 +843,43 @@ def test_a_missing_or_corrupt_summary_falls_back_and_fsck_reports_it(store_facto
 
 def test_packs_without_line_tables_get_no_summary_and_search_the_old_way(store_factory: Any) -> None:
     store = store_factory()
-    old = lambda files, locations: searchindex_module.build_index_objects(files, locations, lines=False)  # noqa: E731
+    old = lambda files, locations: trigrams_module.build_index_objects(files, locations, lines=False)  # noqa: E731
     with mock.patch.object(packing_module, "build_index_objects", old):
         p, _ = summarised_project(store)
     with store.engine.connect() as conn:
         spine = conn.execute(sa.select(PK).where(PK.c.kind == "spine")).one()
     assert spine.search_index is None
     spy = SummarySpy()
-    with mock.patch.object(view_module.View, "_summarised", lambda view, *a: spy(view, *a)):
+    with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):
         res = store_factory().view(p.id).search_code("needle_x")
     assert len(res.matches) == 2 and spy.answered == 0
+
+
+def test_every_state_the_store_hands_out_searches_through_its_indexes(store_factory: Any) -> None:
+    """The head, a version, a turn's boundaries and the draft (with its writes) all plan
+    their searches with the store's indexes: each is answered from the tree summary, and
+    each answer equals a full scan of that same state."""
+    store = store_factory()
+    p, _ = summarised_project(store)
+    t = store.start_turn(p.id, "edit")
+    store.write_file(t.id, "d0/new.txt", b"needle_x written\n")
+    store.complete_turn(t.id, "done")
+    with pack_limits((40, packing_module.MAX_PACK_BYTES, packing_module.MAX_PACKED_FILE)):
+        assert store.run_background()["drafts_packed"] == 1  # the draft's new tree, and its summary
+    t2 = store.start_turn(p.id, "again")
+    cold = store_factory()
+    states = {"draft": cold.view(p.id), "head": cold.resolve(f"head:{p.id}"),
+              "version": cold.view_at(p.id, p.current_version_id),
+              "turn start": cold.view_at_turn(t.id, "start"), "turn end": cold.view_at_turn(t.id, "end")}
+    assert states["draft"].draft_id and states["draft"].overlay == {}  # t2 runs; t's write is sealed
+    spy = SummarySpy()
+    with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):
+        for name, view in states.items():
+            before = spy.answered
+            got = lines(view.search_code("needle_x"))
+            view._search = Planner()  # noqa: SLF001 - no indexes: every file is read
+            assert got == lines(view.search_code("needle_x")), name
+            assert spy.answered == before + 1, f"{name}: not answered from the tree summary"
+    assert ("d0/new.txt", 1, "needle_x written") in lines(states["draft"].search_code("needle_x"))
+    assert ("d0/new.txt", 1, "needle_x written") not in lines(states["turn start"].search_code("needle_x"))
+    store.interrupt_turn(t2.id)

@@ -27,7 +27,7 @@ from .backends import Backends
 from .db.tables import C, D, PK, PO, S, T, TC, V
 from .digest import EMPTY_TREE, Digest
 from .packs import Pack
-from .searchindex import IndexDirectory, decode_index
+from .search.trigrams import IndexDirectory, decode_index
 
 __all__ = ["Problem", "FsckReport", "Checker"]
 

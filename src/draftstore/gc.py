@@ -42,7 +42,7 @@ from .backends import Backends
 from .db.tables import C, D, P, PK, PO, S, T, TC, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .records import SnapshotStatus, TurnStatus, aware
-from .searchindex import index_shards
+from .search.trigrams import index_shards
 
 __all__ = ["Collector", "GCStats", "Retention"]
 

@@ -1,5 +1,8 @@
 """Packing trees: which subtrees become packs, writing them, and finding them again.
 
+Reading the packs' search indexes and summaries is the ``search`` package's
+(``search.packed``); this module says which packs cover a tree.
+
 Pack roots are chosen from the tree alone, top-down: a directory with at
 most ``MAX_PACK_FILES`` files below it is packed whole (its nodes and files:
 kind ``tree``); a larger directory contributes its own files (kind ``files``)
@@ -7,9 +10,9 @@ and its node to the tree's *spine* pack (kind ``spine``, keyed by the root).
 Because the choice depends only on the subtree, an unchanged subtree has the
 same pack in every version and draft that holds it; writing a tree's packs
 writes only the packs that do not exist yet. Each ``tree``/``files`` pack has
-a trigram index of its text files (``searchindex``), stored as its own object,
+a trigram index of its text files (``search.trigrams``), stored as its own object,
 with a line table of its rarest trigrams; a spine row names its tree's summary
-of those (``lineindex``), written once the tree's packs are committed.
+of those (``search.linetables``), written once the tree's packs are committed.
 
 Writes happen on import (``create_project``: the files go to packs, not one
 PUT each) and off the publish path (``pack_version``). Rows are committed
@@ -22,7 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping, Set
+from collections.abc import Iterable, Mapping, Set
 from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,11 +36,11 @@ from . import faults
 from .backends import Backends
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
-from .errors import BlobNotFound, DraftstoreError, IntegrityError
-from .lineindex import LineTable, build_summary
-from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, FrameLocation, encode_pack, frame_locations
+from .errors import DraftstoreError
+from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, encode_pack, frame_locations
 from .pools import drain
-from .searchindex import IndexDirectory, IndexShard, Query, SearchIndex, build_index_objects, decode_index
+from .search.linetables import LineTable, build_summary
+from .search.trigrams import IndexDirectory, build_index_objects, decode_index
 from .trees import Entry, encode_tree
 
 __all__ = ["Packing", "PackStats", "Covered"]
@@ -114,6 +117,11 @@ def _insert_ignoring_duplicates(b: Backends) -> Any:
     return lambda table: insert(table).on_conflict_do_nothing()
 
 
+def _covering_key(root: str, under: str) -> str:
+    """The object-cache key of ``Packing.covering``'s answer for a subtree (this module's own)."""
+    return f"covering:{root}:{under}"
+
+
 class Packing:
     def __init__(self, b: Backends) -> None:
         self.b = b
@@ -138,6 +146,12 @@ class Packing:
                 for r in conn.execute(sa.select(PK).where(PK.c.tree.in_(trees[i:i + _CHUNK]))).all():
                     found.setdefault(r.tree, []).append(r)
         return found
+
+    def spine_summary(self, root: Digest) -> str | None:
+        """Digest of the tree summary ``root``'s spine row names (``search.linetables``),
+        or None: the tree has no spine pack, or none was written."""
+        spine = next((r for r in self._rows_for([root]).get(root, ()) if r.kind == "spine"), None)
+        return spine.search_index if spine is not None else None
 
     def warm_up(self) -> None:
         """Run the pack-row lookup once, for no tree: SQLAlchemy compiles it now, not
@@ -258,7 +272,7 @@ class Packing:
         return stats
 
     def _write_summary(self, root: Digest, cover: list[list[str]]) -> None:
-        """Write the tree summary of ``root`` (``lineindex``) and name it in its spine
+        """Write the tree summary of ``root`` (``search.linetables``) and name it in its spine
         row, once every pack of the tree is committed. Nothing when a pack of the tree
         has no line table (written before them); a failure is logged, not raised: the
         summary only speeds up searches, which without it read the packs' indexes."""
@@ -270,10 +284,10 @@ class Packing:
                 if not mine or not all(r.search_index for r in mine):
                     return
                 units += [(prefix, r.search_index) for r in mine]
-            dirs = self.indexes(d for _, d in units)
+            raw_dirs = self.b.blobs.get_many([Digest(d) for d in dict.fromkeys(d for _, d in units)])
             tables: list[str] = []
             for _, d in units:
-                idx = dirs[d]
+                idx = decode_index(raw_dirs[Digest(d)])
                 if not isinstance(idx, IndexDirectory) or not idx.lines:
                     return
                 tables.append(idx.lines)
@@ -353,8 +367,7 @@ class Packing:
         plan = self.b.trees.plan(EMPTY_TREE, changes)
         nodes = {digest_of(data): (data, entries) for data, entries in plan.nodes}
         stats = self.write(plan.root, nodes=nodes, blobs=blobs)
-        for data, entries in plan.nodes:  # warm: the importer is about to read them
-            self.b.trees.cache.add("tree:" + digest_of(data), entries, 120 + 160 * len(entries))
+        self.b.trees.remember(plan.nodes)  # warm: the importer is about to read them
         return plan.root, plan.files, stats
 
     # -- reading -------------------------------------------------------------------------
@@ -366,7 +379,7 @@ class Packing:
         A whole tree (``under=""``) whose spine row records its cover costs two
         row lookups and no object read; otherwise this walks the spine (loading
         spine packs, which are small, and unpacked nodes; never a tree pack)."""
-        key = f"covering:{root}:{under}"
+        key = _covering_key(root, under)
         cached = self.b.cache.get(key)
         if cached is not None and (not cached[1] or time.monotonic() - cached[2] < _RECHECK_S):
             return cached[0], cached[1]
@@ -433,102 +446,3 @@ class Packing:
         packs = [r.digest for c in covered if c.kind in kinds for r in c.rows]
         self.b.objects.load_packs(packs)
         return len(packs)
-
-    def indexes(self, digests: Iterable[str]) -> dict[str, SearchIndex | IndexDirectory]:
-        """Search index objects (either format: a format-2 directory without its
-        shards), decoded; the ones not in memory are fetched in parallel (an index
-        never changes, so a decoded one is kept in the cache)."""
-        return self._decoded("index:", digests, lambda d, raw: decode_index(raw))
-
-    def _decoded(self, kind: str, digests: Iterable[str], decode: Callable[[str, bytes], Any]) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        todo: list[Digest] = []
-        for d in dict.fromkeys(digests):
-            obj = self.b.cache.get(kind + d)
-            if obj is None:
-                todo.append(Digest(d))
-            else:
-                out[d] = obj
-        for d, raw in (self.b.blobs.get_many(todo).items() if todo else ()):
-            obj = decode(d, raw)
-            self.b.cache.add(kind + d, obj, obj.size)
-            self.b.cache.discard(d)  # the raw bytes are not needed twice
-            out[d] = obj
-        return out
-
-    def tree_summary(self, root: Digest, known: str | None = None) -> LineTable | None:
-        """The tree summary of ``root`` (``lineindex``), or None: the tree has no spine
-        pack, or its spine row names no summary. ``known``: the summary's digest as the
-        caller read it ("" for none); otherwise the spine row is looked up (and a
-        "none" asked again after ``_RECHECK_S``, as background packing may write one).
-        A summary that cannot be read is not tried again for ``_RECHECK_S``.
-        One GET cold; nothing warm."""
-        if known is not None:
-            digest = known or None
-        else:
-            key = f"summary-of:{root}"
-            cached = self.b.cache.get(key)
-            if cached is None or (cached[0] is None and time.monotonic() - cached[1] >= _RECHECK_S):
-                spine = next((r for r in self._rows_for([root]).get(root, ()) if r.kind == "spine"), None)
-                cached = (spine.search_index if spine is not None else None, time.monotonic())
-                self.b.cache.add(key, cached, 200)
-            digest = cached[0]
-        failed = self.b.cache.get(f"summary-unusable:{digest}") if digest is not None else None
-        if digest is None or (failed is not None and time.monotonic() - failed < _RECHECK_S):
-            return None
-        try:
-            table = self._decoded("summary:", [digest], lambda d, raw: LineTable.decode(raw))[digest]
-        except (BlobNotFound, IntegrityError) as exc:  # searches go on without it; fsck reports it
-            log.warning("tree summary %s of %s unusable: %s", digest[:12], root[:12], exc)
-            self.b.cache.add(f"summary-unusable:{digest}", time.monotonic(), 100)  # tried again after _RECHECK_S
-            return None
-        return table if table.summary else None
-
-    def search_candidates(self, rows: Iterable[Any], query: Query
-                          ) -> dict[str, tuple[Callable[[], Set[str]], dict[str, Digest]]]:
-        """For each pack row with a search index, by index digest: (a function giving
-        every relative path the index lists, {relative path: digest} of the files that
-        may match ``query``: a superset of the listed files that match).
-
-        Each index is one chain of reads, and the chains run side by side: a
-        format-2 index reads its directory, then the few shards the query needs,
-        then the frames of the pack that hold its candidates (one ranged read per
-        run of nearby frames, each frame checked against its hash), so the
-        candidates' contents are in the object cache afterwards."""
-        unique = list({r.search_index: r for r in rows if r.search_index}.values())
-        cold = [r for r in unique if "index:" + r.search_index not in self.b.cache]
-        found = dict(zip((r.search_index for r in cold), self.b.in_parallel(lambda r: self._candidates_of(r, query),
-                                                                           cold)))
-        for r in unique:  # indexes in memory already: no thread hop (their candidates are most often cached too)
-            if r.search_index not in found:
-                found[r.search_index] = self._candidates_of(r, query)
-        return found
-
-    def _candidates_of(self, row: Any, query: Query) -> tuple[Callable[[], Set[str]], dict[str, Digest]]:
-        idx = self.indexes([row.search_index])[row.search_index]
-        if isinstance(idx, SearchIndex):
-            files = dict(idx.files)
-            return (lambda: set(files)), {rel: Digest(files[rel]) for rel in idx.candidates(query)}
-        need = {sh: idx.width for sh in idx.shards_for(query)}
-        shards = self._decoded("ixshard:", need, lambda d, raw: IndexShard.decode(raw, need[d])) if need else {}
-        hits: dict[str, Digest] = {}
-        frames: list[tuple[str, FrameLocation]] = []
-        pending: list[int] = []  # the ordinal of each entry of frames
-        paths, known, cache = idx.paths, idx.found, self.b.cache
-        for i in idx.candidates(query, shards):
-            d = known.get(i)
-            if d is not None and d in cache:  # read before and still cached: nothing to locate
-                hits[paths[i]] = d  # type: ignore[assignment]
-                continue
-            loc = idx.location(i)
-            if isinstance(loc, str):
-                hits[paths[i]] = Digest(loc)
-            else:
-                frames.append((row.digest, loc))
-                pending.append(i)
-        if frames:
-            got = self.b.objects.read_frames(frames)
-            for key, i in zip(frames, pending):
-                known[i] = d = got[key]
-                hits[paths[i]] = d
-        return idx.listed, hits

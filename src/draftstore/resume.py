@@ -153,7 +153,7 @@ class Resume:
             draft = self.states.view_at_turn(last_turn_id, "end")
         base = (self.states.view_at(project_id, base_version_id) if base_version_id is not None else
                 View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
-                     characters={}, world_settings={}, limits=self.b.limits, packing=self.states.packing))
+                     characters={}, world_settings={}, limits=self.b.limits, search=self.states.search))
         d = diff_views(base, draft, text=False, detect_renames=False)
         by: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}
         for f in d.files:

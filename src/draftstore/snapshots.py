@@ -179,7 +179,7 @@ class Snapshots:
                     # building the draft as it is now under the row's root would be a wrong tree)
                     view = View(trees=self.b.trees, project_id=r.project_id, kind=r.source_kind,
                                 root=Digest(r.root), overlay={}, characters=None, world_settings=None,
-                                limits=self.b.limits, packing=self.packing)
+                                limits=self.b.limits)
                     if self._build(r.id, view, None).status == SnapshotStatus.READY:
                         built += 1
                 except E.DraftstoreError as exc:  # recorded on the row; the next one is still built

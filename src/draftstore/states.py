@@ -21,6 +21,7 @@ from .diff import Diff, diff_views
 from .digest import EMPTY_TREE, Digest
 from .projects import Projects
 from .records import TurnStatus
+from .search import CodeSearch
 from .trees import file_entry
 from .view import View
 
@@ -47,7 +48,7 @@ def _view_statement() -> Any:
         null_s.label("digest"),
         null_i.label("size"),
         sa.cast(sa.null(), sa.Boolean).label("executable"),
-        # the tree summary its spine row names (lineindex): a first search needs no other row
+        # the tree summary its spine row names (search.linetables): a first search needs no other row
         sa.select(PK.c.search_index).where(
             PK.c.tree == sa.func.coalesce(D.c.code_manifest_key, V.c.code_manifest_key),
             PK.c.kind == "spine", PK.c.part == 0).scalar_subquery().label("summary"),
@@ -63,16 +64,16 @@ def _view_statement() -> Any:
 
 
 class States:
-    def __init__(self, b: Backends, projects: Projects, packing: Any) -> None:
+    def __init__(self, b: Backends, projects: Projects, search: CodeSearch) -> None:
         self.b = b
         self.projects = projects
-        self.packing = packing
+        self.search = search
         self._view = _view_statement()
 
     def _version_view(self, v: Any) -> View:
         return View(trees=self.b.trees, project_id=v.project_id, kind="version", root=Digest(v.code_manifest_key),
                     overlay={}, characters=v.characters_json, world_settings=v.world_settings_json,
-                    version_id=v.id, limits=self.b.limits, packing=self.packing)
+                    version_id=v.id, limits=self.b.limits, search=self.search)
 
     def warm_up(self) -> None:
         """Run the view statement once, for no project: SQLAlchemy compiles it now,
@@ -93,14 +94,14 @@ class States:
             return View(trees=self.b.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
                         overlay=overlay, characters=head.d_chars, world_settings=head.d_world,
                         draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits,
-                        packing=self.packing, summary=head.summary or "")
+                        search=self.search, summary=head.summary or "")
         if head.version_id is not None and head.v_root is not None:
             return View(trees=self.b.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
                         overlay={}, characters=head.v_chars, world_settings=head.v_world,
-                        version_id=head.version_id, limits=limits, packing=self.packing,
+                        version_id=head.version_id, limits=limits, search=self.search,
                         summary=head.summary or "")
         return View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
-                    characters={}, world_settings={}, limits=limits, packing=self.packing)
+                    characters={}, world_settings={}, limits=limits, search=self.search)
 
     def view_at(self, project_id: str, version_id: str) -> View:
         with self.b.tx(read_only=True) as conn:
@@ -131,7 +132,7 @@ class States:
         state = json.loads(self.b.blobs.get(Digest(state_digest)))
         return View(trees=self.b.trees, project_id=t.project_id, kind=f"turn_{boundary}", root=Digest(root),
                     overlay={}, characters=state["characters"], world_settings=state["world_settings"],
-                    draft_id=t.draft_id, limits=self.b.limits, packing=self.packing)
+                    draft_id=t.draft_id, limits=self.b.limits, search=self.search)
 
     def resolve(self, ref: View | str) -> View:
         if isinstance(ref, View):

@@ -53,6 +53,7 @@ from .fsck import FsckReport
 from .gc import GCStats, Retention
 from .maintenance import Maintenance
 from .packing import Packing
+from .search import PackedIndexes, Planner
 from .sealing import Sealing
 from .settings import Settings
 from .staging import Staging
@@ -100,7 +101,9 @@ class Store:
         self._turns = Turns(b, self._projects, self._drafts, sealing, self._toolcalls, Deltas(b))
         #: API tokens of the HTTP service: ``create``, ``page``, ``revoke``, ``authenticate``
         self.tokens = Tokens(b)
-        self._states = States(b, self._projects, self._packing)
+        search = Planner(PackedIndexes(packs=self._packing, blobs=b.blobs, objects=b.objects, cache=b.cache,
+                                       in_parallel=b.in_parallel))
+        self._states = States(b, self._projects, search)
         self._snapshots = Snapshots(b, self._packing, self._states.state_of)
         self._sandboxes = Sandboxes(b, self._states.state_of)
         self._resume = Resume(b, self._states, self._toolcalls)

@@ -17,7 +17,7 @@ cache (a digest never changes, so the cache never goes stale).
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -97,6 +97,11 @@ def decode_tree(data: bytes) -> dict[str, Entry]:
     return out
 
 
+def _node_key(digest: str) -> str:
+    """The object-cache key of a decoded tree node (this module's own: no other writes it)."""
+    return "tree:" + digest
+
+
 def _tree_size(entries: Mapping[str, Entry]) -> int:
     # approximate memory of a decoded node, for the cache budget
     return 120 + 160 * len(entries)
@@ -121,7 +126,7 @@ class TreeReader:
     # -- reading -------------------------------------------------------------
     def load(self, digest: Digest) -> dict[str, Entry]:
         """Decoded entries of tree ``digest`` (do not mutate the result)."""
-        key = "tree:" + digest
+        key = _node_key(digest)
         node = self.cache.get(key)
         if node is None:
             node = {} if digest == EMPTY_TREE else decode_tree(self.blobs.get(digest))
@@ -213,8 +218,15 @@ class TreeReader:
         if not plan.nodes:
             return
         self.blobs.put_many([data for data, _ in plan.nodes])
-        for data, node in plan.nodes:
-            self.cache.add("tree:" + digest_of(data), node, _tree_size(node))
+        self.remember(plan.nodes)
+
+    def remember(self, nodes: Iterable[tuple[bytes, Mapping[str, Entry]]]) -> None:
+        """Keep decoded nodes in memory, as ``load`` would after reading them: (bytes,
+        entries) of nodes stored already, or about to be by the caller (a node's digest
+        names its bytes, so a node in memory is never wrong, only maybe not yet readable
+        by another process)."""
+        for data, node in nodes:
+            self.cache.add(_node_key(digest_of(data)), node, _tree_size(node))
 
     def _apply(
         self,
@@ -264,7 +276,7 @@ class CachedNodes(TreeReader):
 
     def load(self, digest: Digest) -> dict[str, Entry]:
         if self.budget > 0 and digest != EMPTY_TREE:
-            node = self.cache.get("tree:" + digest)
+            node = self.cache.get(_node_key(digest))
             if node is not None:
                 return node  # type: ignore[no-any-return]
             self.budget -= 1

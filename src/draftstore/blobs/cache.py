@@ -2,6 +2,12 @@
 
 A digest names its content forever, so an entry never needs invalidation:
 only eviction (least recently used) to stay under the byte budget.
+
+Keys: a bare digest is that object's bytes (the blob stores and the pack
+reader). A key with a prefix holds a decoded form, and each prefix belongs to
+one module, which alone builds it (a helper next to its reader): ``tree:``
+``trees``; ``covering:`` ``packing``; ``index:``, ``ixshard:``, ``summary:``,
+``summary-of:`` and ``summary-unusable:`` ``search.packed``.
 """
 
 from __future__ import annotations

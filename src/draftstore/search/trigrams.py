@@ -20,7 +20,7 @@ fetches only the directory and at most ``MAX_SHARDS_PER_QUERY`` shards::
              "frames": [[start, stored, hash, raw], ...],     frames of the index's pack
              "loose": {ordinal: digest},                      files stored alone
              "shards": [[first trigram, digest, postings], ...],
-             "lines": digest}                                 the line table (``lineindex``), if written
+             "lines": digest}                                 the line table (``linetables``), if written
     shard:     b"DSIXS2\\n" + zstd(8-byte trigram count + keys + offsets + postings)
 
 The rarest trigrams (at most ``INLINE_MAX`` files each, ``INLINE_BUDGET``
@@ -52,10 +52,10 @@ import numpy as np
 import orjson
 import zstandard
 
-from .digest import digest_of
-from .errors import IntegrityError
-from .lineindex import SUMMARY_MAGIC, LineTable, build_unit_lines, trigram_keys
-from .packs import FrameLocation
+from ..digest import digest_of
+from ..errors import IntegrityError
+from .linetables import SUMMARY_MAGIC, LineTable, build_unit_lines, trigram_keys
+from ..packs import FrameLocation
 
 try:  # the parser behind ``re`` (Python 3.11+ names; ``sre_parse`` is its deprecated alias)
     from re import _constants as sre_constants  # type: ignore[attr-defined]
@@ -168,7 +168,7 @@ class IndexObjects:
 
     directory: bytes
     shards: list[bytes]
-    lines: bytes | None  # the unit's line table (``lineindex``), named by the directory
+    lines: bytes | None  # the unit's line table (``linetables``), named by the directory
 
 
 def build_index_objects(files: list[tuple[str, str, bytes]], locations: dict[str, FrameLocation], *,
@@ -367,7 +367,7 @@ class IndexDirectory:
     shard_first: list[int]  # first trigram of each shard, ascending
     shard_digest: list[str]
     shard_postings: list[int]
-    lines: str | None = None  # digest of the unit's line table (``lineindex``), if written
+    lines: str | None = None  # digest of the unit's line table (``linetables``), if written
     _listed: frozenset[str] | None = None
     # ordinal -> digest of the files already read out of the pack's frames: derived from
     # content-addressed objects, so never stale; lets a warm search skip locating them again
@@ -503,7 +503,7 @@ def index_shards(raw: bytes) -> list[str]:
 
 def decode_index(raw: bytes) -> "SearchIndex | IndexDirectory | LineTable":
     """A search index object: either format of a pack's index, or a spine's tree
-    summary (``lineindex``). Raises ``IntegrityError``."""
+    summary (``linetables``). Raises ``IntegrityError``."""
     if raw.startswith(_MAGIC2):
         return IndexDirectory.decode(raw)
     if raw.startswith(SUMMARY_MAGIC):

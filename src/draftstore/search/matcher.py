@@ -40,7 +40,7 @@ import numpy as np
 import re2
 import stringzilla
 
-from .errors import PatternInvalid
+from ..errors import PatternInvalid
 
 __all__ = ["compile_glob", "glob_base", "Glob", "SearchMatch", "SearchResult", "Searcher", "MAX_RESULTS_CAP",
            "RE2_SYNTAX_URL", "PAGE_BYTES", "PAGE_LINE_BYTES", "paged"]

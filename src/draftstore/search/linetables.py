@@ -8,7 +8,7 @@ answered from one object.
 
 - A **unit table** (``DSLIN1``) is written with each ``tree``/``files``
   pack's search index and named by its directory (``"lines"``). It holds,
-  for every *inline* trigram of that index (the rarest, searchindex's
+  for every *inline* trigram of that index (the rarest, the trigram index's
   ``INLINE_MAX``/``INLINE_BUDGET``), every line of every file that holds it,
   with its line number; a trigram with a line over ``MAX_LINE`` bytes, a
   line with a NUL byte, or more than ``MAX_LINES_PER_TRIGRAM`` lines is left
@@ -24,7 +24,7 @@ Trigrams are the index's: three bytes of ASCII-lowercased content (a binary
 file holds none). **Guarantee:** for a trigram in a table, the table lists
 every line, of every file it covers, whose lowercased bytes contain that
 trigram -- so every line a literal matches, for any literal that requires
-that trigram (``searchindex.required_trigrams``). Lines are stored as they
+that trigram (``trigrams.required_trigrams``). Lines are stored as they
 are (a ``\\r`` before the ``\\n`` kept) with their 1-based numbers.
 
 Format (either kind)::
@@ -46,7 +46,7 @@ import numpy as np
 import orjson
 import zstandard
 
-from .errors import IntegrityError
+from ..errors import IntegrityError
 
 __all__ = ["LineTable", "build_unit_lines", "build_summary", "trigram_keys", "MAX_LINE", "MAX_LINES_PER_TRIGRAM",
            "SUMMARY_BUDGET", "UNIT_MAGIC", "SUMMARY_MAGIC"]
@@ -61,7 +61,7 @@ SUMMARY_BUDGET = 128 * 1024  # bytes of lines a tree summary keeps at most (rare
 def trigram_keys(lowered: np.ndarray) -> np.ndarray:
     """The trigram starting at each position of ``lowered`` (ASCII-lowercased bytes, uint8)
     but the last two, as a 24-bit key (uint32): the one encoding of the search index
-    (``searchindex``) and of these tables, whose keys must match it."""
+    (``trigrams``) and of these tables, whose keys must match it."""
     wide = lowered.astype(np.uint32)  # 32-bit arithmetic: half the memory traffic of 64 bits
     return (wide[:-2] << 16) | (wide[1:-1] << 8) | wide[2:]
 
@@ -122,7 +122,7 @@ def build_unit_lines(files: list[tuple[str, str, bytes]], keys: np.ndarray, offs
     """The unit table of an index's ``files`` (relative path, digest, content): the lines of
     the trigrams ``lined`` (indexes into ``keys``, the index's inline trigrams) and every
     trigram of ``keys`` as present. ``keys``/``offsets``/``postings``: the index's whole
-    trigram table (``searchindex._table``).
+    trigram table (``trigrams._table``).
 
     Vectorised: one pass over the files that hold a lined trigram finds every
     occurrence of one, then numpy groups them into lines and drops the trigrams
