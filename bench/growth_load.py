@@ -59,10 +59,12 @@ def libpq(url: str) -> str:
     return url.replace("postgresql+psycopg://", "postgresql://", 1)
 
 
-def write_template(store: Store, name: str, turns: int, calls: int, *, running: bool = False) -> str:
+def write_template(store: Store, name: str, turns: int, calls: int, *, publish_every: int = 5,
+                   running: bool = False) -> str:
     """A project written the store's way: ``turns`` turns of ``calls`` tool calls (small
     args and results, as an agent's reads and searches record), a file written every
-    turn; every turn completed, then the draft published. ``running``: one more turn is
+    turn; every turn completed, the draft published every ``publish_every`` turns and
+    after the last (so closed drafts and versions pile up as they do). ``running``: one more turn is
     left running with its calls recorded (rows in ``tool_call``) and a file written (a row
     in ``draft_change``). Returns the project id."""
     p = store.create_project(name, files={f"src/mod_{i}.py": f"# module {i}\nX = {i}\n".encode() for i in range(20)},
@@ -81,7 +83,8 @@ def write_template(store: Store, name: str, turns: int, calls: int, *, running: 
                              actor="worker-1")
         record(t.id, calls, k)
         store.complete_turn(t.id, f"done with step {k}")
-    store.publish(p.id, "grown", actor="admin")
+        if (k + 1) % publish_every == 0 or k == turns - 1:
+            store.publish(p.id, f"grown to step {k}", actor="admin")
     if running:
         t = store.start_turn(p.id, "keep going", actor="worker-1")
         record(t.id, calls, turns)

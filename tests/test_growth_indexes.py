@@ -30,7 +30,7 @@ from bench import growth_load  # noqa: E402
 pytestmark = pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest.mark.real)], indirect=True)
 
 BIG = {"project", "project_version", "project_draft", "project_turn", "tool_call", "head_move"}
-ENDED_COPIES = 3_000  # x 10 turns = 30,000 ended turns (50 compacted calls each)
+ENDED_COPIES = 3_000  # x 10 turns = 30,000 ended turns (5 compacted calls each), 15,000 closed drafts
 RUNNING_COPIES = 2_000  # x 12 tool_call rows of a running turn = 24,000 rows
 
 
@@ -52,7 +52,7 @@ def seq_scans(plan: Any) -> list[str]:
 @pytest.fixture
 def grown(stack: dict[str, str], store: Store) -> Iterator[tuple[Store, str, str]]:
     """(store, a completed copy's project id, a copy with a running turn's project id)."""
-    ended = growth_load.write_template(store, "ended", turns=10, calls=5)
+    ended = growth_load.write_template(store, "ended", turns=10, calls=5, publish_every=2)
     running = growth_load.write_template(store, "running", turns=2, calls=12, running=True)
     growth_load.clone(stack["database_url"], ended, ENDED_COPIES, "e")
     growth_load.clone(stack["database_url"], running, RUNNING_COPIES, "r")
@@ -104,6 +104,9 @@ def hot_operations(store: Store, ended: str, running: str) -> None:
     store.page_head_moves(ended, limit=20)
     store.get_project(ended)
     store.view(ended).read_file("dragon.py")
+    # and what every replica runs in the background, every few seconds
+    store.sweep()
+    store.run_background(limit=2)
 
 
 def test_the_hot_statements_of_a_grown_database_use_indexes(
