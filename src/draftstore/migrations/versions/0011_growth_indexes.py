@@ -1,8 +1,11 @@
 """growth indexes: the background work of every replica stays off sequential scans
 
 Found by ``tests/test_growth_indexes.py`` (EXPLAIN of every statement the hot
-operations and the background work send, on a grown database): three
-statements read a whole table that grows with every publish.
+operations and the background work send, on a grown database): the packer's
+statement read all of ``project_version`` (a row per publish) every interval,
+on every replica; the two open-draft statements read all of ``project_draft``
+when open drafts were a large share of its rows (most projects with a draft
+open), and otherwise walked every open draft through ``uq_draft_open``.
 
 - ix_project_version_unpacked: project_version (pack_attempts, created_at)
   WHERE packed_at IS NULL — the versions still to pack, in the order the
