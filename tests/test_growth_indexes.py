@@ -128,7 +128,7 @@ def test_the_hot_statements_of_a_grown_database_use_indexes(
         f"{tables}: {sql}" for sql, tables in scans.items())
 
 
-def test_the_check_sees_a_sequential_scan(grown: tuple[Store, str, str], stack: dict[str, str]) -> None:
+def test_the_check_sees_a_sequential_scan(stack: dict[str, str], store: Store) -> None:
     # the walk finds a Seq Scan where one happens (no index on actor), so the test above can fail
     with psycopg.connect(growth_load.libpq(stack["database_url"]), autocommit=True) as conn:
         plan = conn.execute("EXPLAIN (FORMAT JSON) SELECT id FROM project_turn WHERE actor = %s",
@@ -136,11 +136,9 @@ def test_the_check_sees_a_sequential_scan(grown: tuple[Store, str, str], stack: 
     assert seq_scans(plan) == ["project_turn"]
 
 
-def test_a_grown_copy_reads_back_like_the_project_it_copies(grown: tuple[Store, str, str],
-                                                          stack: dict[str, str]) -> None:
-    store, ended, _ = grown
-    template = store.get_project(ended).name.rsplit("-", 1)[0]
-    native = next(p.id for p in store.list_projects() if p.name == template)
+def test_a_grown_copy_reads_back_like_the_project_it_copies(stack: dict[str, str], store: Store) -> None:
+    native = growth_load.write_template(store, "ended", turns=4, calls=5, publish_every=2)
+    growth_load.clone(stack["database_url"], native, 10, "e")
     assert growth_load.check_copy(store, native, "e", 7) == []
     # and a copy that differs is caught: one compacted call's result changed in SQL
     copy = growth_load.copy_id("e", 7, native)
