@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
 def _phase(store, projects, phase, seconds, services) -> None:  # type: ignore[no-untyped-def]
     stop = threading.Event()
     counts = [0] * len(projects)
-    errors: list[BaseException] = []
+    errors: list[Exception] = []
 
     def worker(i: int, pid: str) -> None:
         try:
@@ -140,7 +140,7 @@ def _phase(store, projects, phase, seconds, services) -> None:  # type: ignore[n
                 counts[i] += 1
             if t is not None:
                 store.complete_turn(t.id, "done")
-        except BaseException as exc:
+        except Exception as exc:  # noqa: BLE001 (reported by the main thread, which stops the others)
             errors.append(exc)
             stop.set()
 
@@ -161,7 +161,7 @@ def _phase(store, projects, phase, seconds, services) -> None:  # type: ignore[n
         raise errors[0]
     ops = sum(counts)
     cols = []
-    for s, cpu in used.items():
+    for cpu in used.values():
         ms = 1e3 * cpu / max(1, ops)
         cols.append(f"{ms:>20.3f} {(1e3 / ms if ms else float('inf')):>10,.0f}")
     print(f"{phase:<11} {ops:>7,} {ops / wall:>7.1f}  " + "  ".join(cols), flush=True)

@@ -104,7 +104,7 @@ class _Round:
     def _pairs(self, turn_id: str, n: int) -> None:
         s = self.store
         for c in range(n):
-            def pair() -> None:
+            def pair(c: int = c) -> None:
                 call = s.tool_started(turn_id, "view_file", {"path": f"src/mod_{c}.py", "offset": 0, "limit": 200})
                 s.tool_completed(turn_id, call.seq, {"ok": True, "bytes": 1024, "preview": "def f(): ..."})
             self._t("tool_pair", pair)
@@ -116,7 +116,7 @@ class _Round:
         self._pairs(turn.id, 5)
         for i in range(2):
             body = os.urandom(512).hex().encode()
-            t("write_file", lambda: s.write_file(turn.id, f"src/round_{i}.py", body))
+            t("write_file", lambda i=i, body=body: s.write_file(turn.id, f"src/round_{i}.py", body))
         t("complete_turn", lambda: s.complete_turn(turn.id, "done"))
         again = t("resume", lambda: s.continue_turn(self.pid, "go on", actor="bench"))
         assert again.context.turns, "a continued turn's context holds the turn it continues"
@@ -177,13 +177,13 @@ def blob_growth(env: Any) -> list[str]:
         n4, b4 = _bucket_objects(env, prefix)
         return [
             f"blob growth: 200-file project {n0} objects / {b0 / 1024:.0f} KiB after create (packs)",
-            f"blob growth: per typical turn (10 calls, 2 x 1 KiB writes, 1 characters patch) "
-            f"{(n1 - n0) / turns:.1f} objects, {(b1 - b0) / turns / 1024:.1f} KiB",
+            (f"blob growth: per typical turn (10 calls, 2 x 1 KiB writes, 1 characters patch) "
+             f"{(n1 - n0) / turns:.1f} objects, {(b1 - b0) / turns / 1024:.1f} KiB"),
             f"blob growth: publish of those {turns} turns' draft {n2 - n1} objects, {(b2 - b1) / 1024:.1f} KiB",
-            f"blob growth: gc (grace 0, default retention) swept {kept.objects_swept} objects / "
-            f"{kept.bytes_swept / 1024:.1f} KiB -> {n3} objects, {b3 / 1024:.0f} KiB",
-            f"blob growth: gc after turn retention 0 ({pruned.turns_pruned} turns pruned) swept "
-            f"{pruned.objects_swept} objects / {pruned.bytes_swept / 1024:.1f} KiB -> {n4} objects, {b4 / 1024:.0f} KiB",
+            (f"blob growth: gc (grace 0, default retention) swept {kept.objects_swept} objects / "
+             f"{kept.bytes_swept / 1024:.1f} KiB -> {n3} objects, {b3 / 1024:.0f} KiB"),
+            (f"blob growth: gc after turn retention 0 ({pruned.turns_pruned} turns pruned) swept "
+             f"{pruned.objects_swept} objects / {pruned.bytes_swept / 1024:.1f} KiB -> {n4} objects, {b4 / 1024:.0f} KiB"),
         ]
     finally:
         if store is not None:

@@ -119,9 +119,9 @@ def clone(database_url: str, template_id: str, count: int, salt: str, *, batch: 
         statements = []
         for table in ID_COLUMNS:
             cols = _columns(conn, table)
-            statements.append((table, f"INSERT INTO {table} ({', '.join(cols)}) SELECT {_select_list(table, cols)} "
-                                      f"FROM {table} t CROSS JOIN generate_series(%(lo)s::int, %(hi)s::int) g "
-                                      f"WHERE {_OF_PROJECT[table]}"))
+            sql = (f"INSERT INTO {table} ({', '.join(cols)}) SELECT {_select_list(table, cols)} "
+                   f"FROM {table} t CROSS JOIN generate_series(%(lo)s::int, %(hi)s::int) g WHERE {_OF_PROJECT[table]}")
+            statements.append((table, sql))
         t0 = time.perf_counter()
         for lo in range(1, count + 1, batch):
             hi = min(count, lo + batch - 1)

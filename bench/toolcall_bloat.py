@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         done = 0
         lock = threading.Lock()
         stop = threading.Event()
-        errors: list[BaseException] = []
+        errors: list[Exception] = []
 
         def worker(pid: str) -> None:
             nonlocal done
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
                         done += 1
                         if done >= args.turns:
                             stop.set()
-            except BaseException as exc:  # report, and stop the others
+            except Exception as exc:  # noqa: BLE001 (reported by the main thread, which stops the others)
                 errors.append(exc)
                 stop.set()
 

@@ -25,7 +25,7 @@ import pytest
 from draftstore import Store
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from bench import growth_load  # noqa: E402
+from bench import growth_load
 
 pytestmark = pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest.mark.real)], indirect=True)
 
