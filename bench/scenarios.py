@@ -519,7 +519,12 @@ GROUPS.append((cold.NAMES, cold.group))
 from . import http_ops  # noqa: E402
 
 GROUPS.append((http_ops.NAMES, http_ops.group))
-ALIASES: dict[str, tuple[str, ...]] = {http_ops.ALIAS: http_ops.NAMES}
-# run only when named (--only): it starts service processes of its own and takes ~1-2 minutes
-OPT_IN: frozenset[str] = frozenset(http_ops.NAMES)
+# the hot operations on a database grown to millions of tool calls (bench/growth.py)
+from . import growth  # noqa: E402
+
+GROUPS.append((growth.NAMES, growth.group))
+ALIASES: dict[str, tuple[str, ...]] = {http_ops.ALIAS: http_ops.NAMES, growth.ALIAS: growth.NAMES}
+# run only when named (--only): http_ops starts service processes of its own and takes ~1-2 minutes;
+# growth loads a database of millions of rows (~2-4 minutes)
+OPT_IN: frozenset[str] = frozenset(http_ops.NAMES) | frozenset(growth.NAMES)
 NAMES = [name for names, _ in GROUPS for name in names]

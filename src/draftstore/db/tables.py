@@ -97,7 +97,13 @@ class ProjectRow(SQLModel, table=True):
 
 class VersionRow(SQLModel, table=True):
     __tablename__ = "project_version"
-    __table_args__ = (sa.UniqueConstraint("project_id", "number", name="uq_version_number"),)
+    __table_args__ = (
+        sa.UniqueConstraint("project_id", "number", name="uq_version_number"),
+        # the versions still to pack, in the background packer's order: a handful of rows however
+        # many versions exist (migration 0011)
+        sa.Index("ix_project_version_unpacked", "pack_attempts", "created_at",
+                 sqlite_where=sa.text("packed_at IS NULL"), postgresql_where=sa.text("packed_at IS NULL")),
+    )
     id: str = Field(primary_key=True, max_length=ID)
     project_id: str = Field(foreign_key="project.id", index=True, max_length=ID)
     number: int
@@ -124,6 +130,10 @@ class DraftRow(SQLModel, table=True):
             sqlite_where=sa.text("closed_at IS NULL"),
             postgresql_where=sa.text("closed_at IS NULL"),
         ),
+        # the open drafts (closed ones pile up, one per publish or discard): the recovery sweep's
+        # drafts stuck in publishing, the background packer's open trees (migration 0011)
+        sa.Index("ix_project_draft_open", "status", "status_changed_at",
+                 sqlite_where=sa.text("closed_at IS NULL"), postgresql_where=sa.text("closed_at IS NULL")),
     )
     id: str = Field(primary_key=True, max_length=ID)
     project_id: str = Field(foreign_key="project.id", index=True, max_length=ID)
