@@ -30,7 +30,8 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import faults
-from .backends import Backends
+from .database import Database
+from .objects import Objects
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
 from .errors import BlobNotFound, DraftstoreError, IntegrityError
@@ -106,8 +107,8 @@ _STORE_AHEAD = 2  # units of one write stored side by side
 _STORED_AHEAD = 4  # units stored, or being stored, past the next one to commit (bounds what waits in memory)
 
 
-def _insert_ignoring_duplicates(b: Backends) -> Any:
-    if b.sqlite:
+def _insert_ignoring_duplicates(db: Database) -> Any:
+    if db.sqlite:
         from sqlalchemy.dialects.sqlite import insert
     else:
         from sqlalchemy.dialects.postgresql import insert
@@ -115,25 +116,14 @@ def _insert_ignoring_duplicates(b: Backends) -> Any:
 
 
 class Packing:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
-
-    # -- where objects live ------------------------------------------------------------
-    def locate(self, digests: list[str]) -> dict[str, tuple[str, int, int]]:
-        """digest -> (pack, offset, length) for the digests that live in a pack."""
-        out: dict[str, tuple[str, int, int]] = {}
-        with self.b.statement(read_only=True) as conn:
-            for i in range(0, len(digests), _CHUNK):
-                rows = conn.execute(sa.select(PO.c.digest, PO.c.pack, PO.c.offset, PO.c.length)
-                                    .where(PO.c.digest.in_(digests[i:i + _CHUNK]))).all()
-                for r in rows:
-                    out.setdefault(r.digest, (r.pack, r.offset, r.length))
-        return out
+    def __init__(self, db: Database, objects: Objects) -> None:
+        self.db = db
+        self.objects = objects
 
     def _rows_for(self, trees: Iterable[str]) -> dict[str, list[Any]]:
         trees = list(dict.fromkeys(trees))
         found: dict[str, list[Any]] = {}
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             for i in range(0, len(trees), _CHUNK):
                 for r in conn.execute(sa.select(PK).where(PK.c.tree.in_(trees[i:i + _CHUNK]))).all():
                     found.setdefault(r.tree, []).append(r)
@@ -150,7 +140,7 @@ class Packing:
         tree nodes not stored yet (an import's). Walks level by level and never
         descends into a subtree that is packed already (a one-file change reads
         the nodes on its path, not the whole tree)."""
-        load = (lambda d: nodes[d] if nodes is not None and d in nodes else self.b.trees.load(d))
+        load = (lambda d: nodes[d] if nodes is not None and d in nodes else self.objects.trees.load(d))
         units: list[_Unit] = []
         spine: list[Digest] = []
 
@@ -227,7 +217,7 @@ class Packing:
         def start_more() -> None:
             nonlocal started
             while started < len(units) and len(running) < _STORE_AHEAD and started - committed < _STORED_AHEAD:
-                running[started] = self.b.beside(self._store_unit, units[started], nodes or {}, blobs or {})
+                running[started] = self.objects.beside(self._store_unit, units[started], nodes or {}, blobs or {})
                 started += 1
 
         try:
@@ -277,13 +267,13 @@ class Packing:
                 if not isinstance(idx, IndexDirectory) or not idx.lines:
                     return
                 tables.append(idx.lines)
-            raw = self.b.blobs.get_many([Digest(t) for t in dict.fromkeys(tables)])
+            raw = self.objects.raw.get_many([Digest(t) for t in dict.fromkeys(tables)])
             decoded = {t: LineTable.decode(raw[t]) for t in raw}
             summary = build_summary([(prefix, decoded[t]) for (prefix, _), t in zip(units, tables)])
             if summary is None:
                 return
-            digest = self.b.blobs.put(summary)
-            with self.b.tx() as conn:
+            digest = self.objects.raw.put(summary)
+            with self.db.tx() as conn:
                 conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine", PK.c.part == 0)
                              .values(search_index=digest))
         except DraftstoreError as exc:
@@ -291,13 +281,13 @@ class Packing:
 
     def _commit(self, group: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
         # another process may write the same pack at the same time (same bytes, same digest): first one wins
-        insert = _insert_ignoring_duplicates(self.b)
-        with self.b.tx() as conn:
+        insert = _insert_ignoring_duplicates(self.db)
+        with self.db.tx() as conn:
             for pack_row, object_rows in group:
                 conn.execute(insert(PK).values(**pack_row))
                 if not object_rows:  # a files pack of large files only holds none: its index is what it is for
                     continue
-                if self.b.sqlite:
+                if self.db.sqlite:
                     conn.execute(insert(PO), object_rows)
                 else:
                     # every object row of a pack names that pack
@@ -311,13 +301,13 @@ class Packing:
         """Store one unit's objects (pack, index, files too large to pack); returns its
         ``pack`` row and ``pack_object`` rows, for the caller to commit, and what it stored."""
         stats = PackStats()
-        node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.b.trees.load(d))) for d in unit.nodes]
+        node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.objects.trees.load(d))) for d in unit.nodes]
         everything = unit.files + unit.loose
         wanted = [e.digest for _, e in everything if e.digest not in blobs]
-        fetched = self.b.objects.get_many(wanted) if wanted else {}
+        fetched = self.objects.pack_aware.get_many(wanted) if wanted else {}
         content = {e.digest: blobs[e.digest] if e.digest in blobs else fetched[e.digest] for _, e in everything}
         if unit.loose:  # stored on their own, before the rows that index them
-            self.b.blobs.put_many([content[e.digest] for _, e in unit.loose])
+            self.objects.raw.put_many([content[e.digest] for _, e in unit.loose])
             stats.loose += len(unit.loose)
             stats.stored_bytes += sum(e.size for _, e in unit.loose)
         raw, index = encode_pack(node_bytes + [(e.digest, content[e.digest]) for _, e in unit.files])
@@ -328,10 +318,10 @@ class Packing:
                                         frame_locations(raw))
             named = built.shards + ([built.lines] if built.lines is not None else [])
             if named:  # before the directory that names them
-                self.b.blobs.put_many(named)
-            index_digest = self.b.blobs.put(built.directory)
+                self.objects.raw.put_many(named)
+            index_digest = self.objects.raw.put(built.directory)
             stored += len(built.directory) + sum(map(len, named))
-        pack = self.b.blobs.put(raw)
+        pack = self.objects.raw.put(raw)
         faults.point("pack.after_upload")
         stats.packs += 1
         stats.objects += len(index)
@@ -350,11 +340,11 @@ class Packing:
         digests = {p: digest_of(data) for p, data in files.items()}  # each file hashed once
         blobs = {digests[p]: data for p, data in files.items()}
         changes = {p: FileEntry(digests[p], len(data), p in executable) for p, data in files.items()}
-        plan = self.b.trees.plan(EMPTY_TREE, changes)
+        plan = self.objects.trees.plan(EMPTY_TREE, changes)
         nodes = {digest_of(data): (data, entries) for data, entries in plan.nodes}
         stats = self.write(plan.root, nodes=nodes, blobs=blobs)
         for data, entries in plan.nodes:  # warm: the importer is about to read them
-            self.b.trees.cache.add("tree:" + digest_of(data), entries, 120 + 160 * len(entries))
+            self.objects.trees.cache.add("tree:" + digest_of(data), entries, 120 + 160 * len(entries))
         return plan.root, plan.files, stats
 
     # -- reading -------------------------------------------------------------------------
@@ -367,10 +357,10 @@ class Packing:
         row lookups and no object read; otherwise this walks the spine (loading
         spine packs, which are small, and unpacked nodes; never a tree pack)."""
         key = f"covering:{root}:{under}"
-        cached = self.b.cache.get(key)
+        cached = self.objects.cache.get(key)
         if cached is not None and (not cached[1] or time.monotonic() - cached[2] < _RECHECK_S):
             return cached[0], cached[1]
-        start = self.b.trees.dir_digest(root, under) if under else root
+        start = self.objects.trees.dir_digest(root, under) if under else root
         if start is None:
             return [], []
         covered: list[Covered] = []
@@ -384,7 +374,7 @@ class Packing:
         while frontier:
             spines = [r.digest for d, _ in frontier for r in rows.get(d, ()) if r.kind == "spine"]
             if spines:
-                self.b.objects.load_packs(spines)
+                self.objects.pack_aware.load_packs(spines)
             nxt: list[tuple[Digest, str]] = []
             for d, prefix in frontier:
                 mine = rows.get(d, [])
@@ -393,7 +383,7 @@ class Packing:
                     covered.append(Covered(prefix, "tree", trees))
                     continue
                 files = tuple(sorted((r for r in mine if r.kind == "files"), key=lambda r: r.part))
-                node = self.b.trees.load(d)
+                node = self.objects.trees.load(d)
                 if files:
                     covered.append(Covered(prefix, "files", files))
                 elif any(not e.is_dir for e in node.values()):
@@ -406,7 +396,7 @@ class Packing:
                 rows = self._rows_for(d for d, _ in frontier)
         # a tree never changes; an answer with unpacked parts is asked again after
         # _RECHECK_S, so packs the background job writes meanwhile are found
-        self.b.cache.add(key, (covered, uncovered, time.monotonic()), 200 + 300 * (len(covered) + len(uncovered)))
+        self.objects.cache.add(key, (covered, uncovered, time.monotonic()), 200 + 300 * (len(covered) + len(uncovered)))
         return covered, uncovered
 
     def _recorded_cover(self, cover_json: str) -> list[Covered] | None:
@@ -431,7 +421,7 @@ class Packing:
         nodes (a walk). Returns how many packs are in memory for it."""
         covered, _ = self.covering(root, under)
         packs = [r.digest for c in covered if c.kind in kinds for r in c.rows]
-        self.b.objects.load_packs(packs)
+        self.objects.pack_aware.load_packs(packs)
         return len(packs)
 
     def indexes(self, digests: Iterable[str]) -> dict[str, SearchIndex | IndexDirectory]:
@@ -444,15 +434,15 @@ class Packing:
         out: dict[str, Any] = {}
         todo: list[Digest] = []
         for d in dict.fromkeys(digests):
-            obj = self.b.cache.get(kind + d)
+            obj = self.objects.cache.get(kind + d)
             if obj is None:
                 todo.append(Digest(d))
             else:
                 out[d] = obj
-        for d, raw in (self.b.blobs.get_many(todo).items() if todo else ()):
+        for d, raw in (self.objects.raw.get_many(todo).items() if todo else ()):
             obj = decode(d, raw)
-            self.b.cache.add(kind + d, obj, obj.size)
-            self.b.cache.discard(d)  # the raw bytes are not needed twice
+            self.objects.cache.add(kind + d, obj, obj.size)
+            self.objects.cache.discard(d)  # the raw bytes are not needed twice
             out[d] = obj
         return out
 
@@ -467,20 +457,20 @@ class Packing:
             digest = known or None
         else:
             key = f"summary-of:{root}"
-            cached = self.b.cache.get(key)
+            cached = self.objects.cache.get(key)
             if cached is None or (cached[0] is None and time.monotonic() - cached[1] >= _RECHECK_S):
                 spine = next((r for r in self._rows_for([root]).get(root, ()) if r.kind == "spine"), None)
                 cached = (spine.search_index if spine is not None else None, time.monotonic())
-                self.b.cache.add(key, cached, 200)
+                self.objects.cache.add(key, cached, 200)
             digest = cached[0]
-        failed = self.b.cache.get(f"summary-unusable:{digest}") if digest is not None else None
+        failed = self.objects.cache.get(f"summary-unusable:{digest}") if digest is not None else None
         if digest is None or (failed is not None and time.monotonic() - failed < _RECHECK_S):
             return None
         try:
             table = self._decoded("summary:", [digest], lambda d, raw: LineTable.decode(raw))[digest]
         except (BlobNotFound, IntegrityError) as exc:  # searches go on without it; fsck reports it
             log.warning("tree summary %s of %s unusable: %s", digest[:12], root[:12], exc)
-            self.b.cache.add(f"summary-unusable:{digest}", time.monotonic(), 100)  # tried again after _RECHECK_S
+            self.objects.cache.add(f"summary-unusable:{digest}", time.monotonic(), 100)  # tried again after _RECHECK_S
             return None
         return table if table.summary else None
 
@@ -496,8 +486,8 @@ class Packing:
         run of nearby frames, each frame checked against its hash), so the
         candidates' contents are in the object cache afterwards."""
         unique = list({r.search_index: r for r in rows if r.search_index}.values())
-        cold = [r for r in unique if "index:" + r.search_index not in self.b.cache]
-        found = dict(zip((r.search_index for r in cold), self.b.in_parallel(lambda r: self._candidates_of(r, query),
+        cold = [r for r in unique if "index:" + r.search_index not in self.objects.cache]
+        found = dict(zip((r.search_index for r in cold), self.objects.in_parallel(lambda r: self._candidates_of(r, query),
                                                                            cold)))
         for r in unique:  # indexes in memory already: no thread hop (their candidates are most often cached too)
             if r.search_index not in found:
@@ -514,7 +504,7 @@ class Packing:
         hits: dict[str, Digest] = {}
         frames: list[tuple[str, FrameLocation]] = []
         pending: list[int] = []  # the ordinal of each entry of frames
-        paths, known, cache = idx.paths, idx.found, self.b.cache
+        paths, known, cache = idx.paths, idx.found, self.objects.cache
         for i in idx.candidates(query, shards):
             d = known.get(i)
             if d is not None and d in cache:  # read before and still cached: nothing to locate
@@ -527,7 +517,7 @@ class Packing:
                 frames.append((row.digest, loc))
                 pending.append(i)
         if frames:
-            got = self.b.objects.read_frames(frames)
+            got = self.objects.pack_aware.read_frames(frames)
             for key, i in zip(frames, pending):
                 known[i] = d = got[key]
                 hits[paths[i]] = d

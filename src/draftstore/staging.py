@@ -29,7 +29,11 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults, patches
 from . import validation as check
-from .backends import Backends
+from .database import Database
+from .objects import Objects
+from .coordination import Coordination
+from .settings import Limits
+from .deferred import awaited, retry_unlocked
 from .db.tables import C, D, T
 from .digest import Digest, digest_of
 from .patches import merge_patch
@@ -62,8 +66,11 @@ def _overlay_condition(n_paths: int) -> Any:
 
 
 class Staging:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, coordination: Coordination, limits: Limits) -> None:
+        self.db = db
+        self.objects = objects
+        self.coordination = coordination
+        self.limits = limits
         # a write's first statement: lock the draft of the turn, bump its revision
         self._lock_draft = (
             D.update()
@@ -74,7 +81,7 @@ class Staging:
         )
         self._turn_status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
         self._status_and_overlay: dict[int | None, Any] = {}
-        if b.sqlite:
+        if db.sqlite:
             from sqlalchemy.dialects.sqlite import insert
         else:
             from sqlalchemy.dialects.postgresql import insert
@@ -136,18 +143,18 @@ class Staging:
     def write_file(self, turn_id: str, path: str, data: bytes | str, executable: bool = False) -> None:
         check.turn_id(turn_id)
         check.flag("executable", executable)
-        p = normalize_path(path, self.b.limits)
-        self._apply(turn_id, {p: check.file_data(p, data, self.b.limits)}, frozenset([p] if executable else ()))
+        p = normalize_path(path, self.limits)
+        self._apply(turn_id, {p: check.file_data(p, data, self.limits)}, frozenset([p] if executable else ()))
 
     def delete_file(self, turn_id: str, path: str) -> None:
         check.turn_id(turn_id)
-        self._apply(turn_id, {normalize_path(path, self.b.limits): None})
+        self._apply(turn_id, {normalize_path(path, self.limits): None})
 
     def move_file(self, turn_id: str, src: str, dst: str, overwrite: bool = False) -> None:
         check.turn_id(turn_id)
         check.flag("overwrite", overwrite)
-        s = normalize_path(src, self.b.limits)
-        d = normalize_path(dst, self.b.limits)
+        s = normalize_path(src, self.limits)
+        d = normalize_path(dst, self.limits)
         if s == d:
             raise E.PathConflict("move source and destination are the same path", path=s)
         self._apply(turn_id, {s: None, d: ("move", s, overwrite)})
@@ -155,7 +162,7 @@ class Staging:
     def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None],
                       executable: Any = ()) -> None:
         check.turn_id(turn_id)
-        cleaned = check.batch(changes, self.b.limits.max_batch_files, "changes", self.b.limits)
+        cleaned = check.batch(changes, self.limits.max_batch_files, "changes", self.limits)
         self._apply(turn_id, cleaned, check.executables(executable, cleaned))
 
     def _apply(self, turn_id: str, changes: dict[str, Any], executable: frozenset[str] = frozenset()) -> None:
@@ -164,20 +171,20 @@ class Staging:
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
         stored = {p: FileEntry(digest_of(v), len(v), p in executable) for p, v in writes}
         faults.point("write.before_upload")
-        upload = self.b.upload(self.b.blobs.put_many, [v for _, v in writes]) if writes else None
-        nodes = CachedNodes(self.b.trees)  # the checks under the lock read no node from the blob store
+        upload = self.objects.upload(self.objects.raw.put_many, [v for _, v in writes]) if writes else None
+        nodes = CachedNodes(self.objects.trees)  # the checks under the lock read no node from the blob store
         try:
-            self.b.retry_unlocked(lambda: self._apply_rows(turn_id, changes, stored, upload, nodes))
+            retry_unlocked(lambda: self._apply_rows(turn_id, changes, stored, upload, nodes))
         finally:
             if upload is not None and not upload.done():
                 upload.cancel() or upload.exception()  # never leave an upload running past the call
         faults.point("write.after_commit")
-        self.b.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
+        self.coordination.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
 
     def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, FileEntry],
                     upload: Future[Any] | None, nodes: CachedNodes) -> None:
-        limits = self.b.limits
-        with self.b.tx() as conn:
+        limits = self.limits
+        with self.db.tx() as conn:
             draft, overlay = self._lock_with_overlay(conn, turn_id, list(changes))
             state = StagedTree(nodes, Digest(draft.code_manifest_key), overlay)
             moved = {}
@@ -218,7 +225,7 @@ class Staging:
                 conn.execute(self._add_file_count, {"draft_id": draft.id, "delta": delta})
             faults.point("write.before_commit")
             if upload is not None:
-                self.b.awaited(upload)  # raises the upload's error, which rolls the transaction back
+                awaited(upload)  # raises the upload's error, which rolls the transaction back
 
     # -- characters and world settings ---------------------------------------------------------
     def patch(self, turn_id: str, column: str, field: str, patch: Any) -> Any:
@@ -233,14 +240,14 @@ class Staging:
         if not isinstance(patch, (list, dict)):
             raise E.PatchInvalid("a patch is a JSON Patch list or a JSON Merge Patch object", field=field)
         # the patch itself must be JSON (a non-JSON value is the patch's fault, not the result's)
-        check.json_value("patch", patch, self.b.limits.max_json_state_bytes, error=E.PatchInvalid)
+        check.json_value("patch", patch, self.limits.max_json_state_bytes, error=E.PatchInvalid)
         read = sa.select(T.c.status, D.c[column]).select_from(T.join(D, D.c.id == T.c.draft_id)).where(
             T.c.id == sa.bindparam("turn_id"))
         seen: Any = None
         for attempt in range(_UNLOCKED_PATCH_ATTEMPTS + 1):
             unlocked = attempt < _UNLOCKED_PATCH_ATTEMPTS
             if unlocked:
-                with self.b.tx(read_only=True) as conn:
+                with self.db.tx(read_only=True) as conn:
                     row = conn.execute(read, {"turn_id": turn_id}).first()
                 if row is None or row.status != _RUNNING:  # the lock below says why it is refused
                     unlocked = False
@@ -248,7 +255,7 @@ class Staging:
                     seen = row[1]
                     new, text = self._patched(seen, patch, field)
             try:
-                with self.b.tx() as conn:
+                with self.db.tx() as conn:
                     draft = self._lock(conn, turn_id)
                     current = getattr(draft, column)
                     if not unlocked:
@@ -259,12 +266,12 @@ class Staging:
             except _Changed:
                 continue
             break
-        self.b.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
+        self.coordination.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
         return new
 
     def _patched(self, current: Any, patch: Any, field: str) -> tuple[Any, check.JSONText]:
         """The patched document and its stored text; the patch's fault if it cannot be kept."""
-        limit = self.b.limits.max_json_state_bytes
+        limit = self.limits.max_json_state_bytes
         new = patches.apply(current, patch, field, limit) if isinstance(patch, list) else merge_patch(current, patch)
         # a result that is not a document the store keeps (too deep, too large) is the patch's fault
         return new, check.json_value(field, new, limit, error=E.PatchInvalid)
