@@ -25,11 +25,11 @@ import sqlalchemy as sa
 
 from . import errors as E
 from . import validation as check
-from .database import Database
 from .coordination import Coordination
-from .settings import Limits
+from .database import Database
 from .db.tables import D, T
 from .records import TurnStatus
+from .settings import Limits
 
 __all__ = ["Deltas"]
 

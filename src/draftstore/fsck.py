@@ -24,9 +24,9 @@ import sqlalchemy as sa
 
 from . import errors as E
 from .database import Database
-from .objects import Objects
 from .db.tables import C, D, PK, PO, S, T, TC, V
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .packs import Pack
 from .searchindex import IndexDirectory, decode_index
 

@@ -39,12 +39,12 @@ import sqlalchemy as sa
 from . import errors as E
 from . import faults
 from .database import Database
-from .objects import Objects
-from .settings import Settings
 from .db.tables import C, D, P, PK, PO, S, T, TC, V, utcnow
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .records import SnapshotStatus, TurnStatus, aware
 from .searchindex import index_shards
+from .settings import Settings
 
 __all__ = ["Collector", "GCStats", "Retention"]
 

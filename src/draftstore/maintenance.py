@@ -16,12 +16,11 @@ import sqlalchemy as sa
 from . import errors as E
 from . import validation as check
 from .database import Database
-from .objects import Objects
-from .settings import Settings
 from .db.tables import H, P, S, V
 from .fsck import Checker, FsckReport
 from .gc import Collector, GCStats, Retention, project_retention
-from .settings import MAX_RETAIN_DAYS
+from .objects import Objects
+from .settings import MAX_RETAIN_DAYS, Settings
 
 __all__ = ["Maintenance"]
 

@@ -31,11 +31,11 @@ import sqlalchemy as sa
 
 from . import faults
 from .database import Database
-from .objects import Objects
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
 from .errors import BlobNotFound, DraftstoreError, IntegrityError
 from .lineindex import LineTable, build_summary
+from .objects import Objects
 from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, FrameLocation, encode_pack, frame_locations
 from .pools import drain
 from .searchindex import IndexDirectory, IndexShard, Query, SearchIndex, build_index_objects, decode_index

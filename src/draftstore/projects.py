@@ -20,14 +20,14 @@ from . import errors as E
 from . import packing as packing_module
 from . import paging
 from . import validation as check
-from .database import Database
 from .coordination import Coordination
-from .settings import Limits
+from .database import Database
 from .db.tables import PK, D, H, P, T, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
-from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
 from .packing import Packing
+from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
+from .settings import Limits
 
 __all__ = ["Projects", "project_record", "version_record"]
 

@@ -18,16 +18,16 @@ import sqlalchemy as sa
 from . import errors as E
 from . import faults
 from . import validation as check
-from .database import Database
 from .coordination import Coordination
-from .settings import Settings
-from .deferred import retry_unlocked
+from .database import Database
 from .db.tables import D, P, T, utcnow
+from .deferred import retry_unlocked
 from .drafts import Drafts, draft_record
 from .projects import Projects
 from .records import (Draft, DraftClosedReason, DraftStatus, HeadMoveReason, Turn, TurnEndReason, TurnStatus, Version,
                       aware)
 from .sealing import Sealing
+from .settings import Settings
 from .turns import Turns
 
 __all__ = ["Publishing"]

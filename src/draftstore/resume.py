@@ -30,8 +30,6 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .database import Database
-from .settings import Settings
-from .trees import TreeReader
 from .db.tables import T
 from .diff import diff_views
 from .digest import EMPTY_TREE
@@ -49,8 +47,10 @@ from .records import (
     end_reason_of,
     json_default,
 )
+from .settings import Settings
 from .states import States
 from .toolcalls import ToolCalls
+from .trees import TreeReader
 from .view import View
 
 __all__ = ["MAX_TURNS_LIMIT", "Resume"]
@@ -158,7 +158,7 @@ class Resume:
         if draft.draft_id != draft_id:  # published or discarded since: the draft as its last turn left it
             draft = self.states.view_at_turn(last_turn_id, "end")
         base = (self.states.view_at(project_id, base_version_id) if base_version_id is not None else
-                View(trees=self.objects.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
+                View(trees=self.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
                      characters={}, world_settings={}, limits=self.limits, packing=self.states.packing))
         d = diff_views(base, draft, text=False, detect_renames=False)
         by: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}

@@ -29,12 +29,12 @@ import sqlalchemy as sa
 
 from . import errors as E
 from . import validation as check
-from .database import Database
-from .objects import Objects
 from .coordination import Coordination
+from .database import Database
 from .db.tables import C, D, H, S, T, utcnow
 from .digest import Digest
 from .drafts import Drafts, draft_record
+from .objects import Objects
 from .projects import Projects
 from .records import Draft, DraftStatus, HeadMoveReason, TurnStatus
 

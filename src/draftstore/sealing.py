@@ -32,10 +32,10 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults
 from .database import Database
-from .objects import Objects
-from .deferred import awaited, retry_unlocked
 from .db.tables import C, D, P, S, T
+from .deferred import awaited, retry_unlocked
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .records import TurnStatus
 from .trees import FileEntry, SealPlan, file_entry
 

@@ -17,8 +17,8 @@ import os
 import shutil
 import tarfile
 from collections.abc import Callable, Iterator
-from hashlib import sha256
 from dataclasses import dataclass
+from hashlib import sha256
 from pathlib import Path
 from typing import Any
 
@@ -29,16 +29,16 @@ from . import errors as E
 from . import faults
 from . import paging
 from . import validation as check
-from .database import Database
-from .objects import Objects
 from .coordination import Coordination
-from .settings import Limits
+from .database import Database
 from .db.tables import D, P, S, utcnow
 from .digest import Digest
 from .dirwriter import DirectoryWriter
 from .ids import new_id
+from .objects import Objects
 from .packing import Packing
 from .records import Page, Snapshot, SnapshotStatus, aware
+from .settings import Limits
 from .view import View
 
 __all__ = ["Snapshots", "Materialized"]

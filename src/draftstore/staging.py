@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,16 +30,16 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults, patches
 from . import validation as check
-from .database import Database
-from .objects import Objects
 from .coordination import Coordination
-from .settings import Limits
-from .deferred import awaited, retry_unlocked
+from .database import Database
 from .db.tables import C, D, T
+from .deferred import awaited, retry_unlocked
 from .digest import Digest, digest_of
+from .objects import Objects
 from .patches import merge_patch
 from .paths import normalize_path, parent_dirs
 from .records import TurnStatus
+from .settings import Limits
 from .trees import CachedNodes, FileEntry, StagedTree, file_entry
 
 __all__ = ["Staging", "merge_patch"]
@@ -49,6 +50,15 @@ _UNLOCKED_PATCH_ATTEMPTS = 3
 # above this many paths, a batch reads the whole overlay instead of targeted rows
 _TARGETED_OVERLAY_MAX = 16
 _RUNNING = TurnStatus.RUNNING.value
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """A change that puts the file at ``src`` (as the draft holds it before the change) at
+    the changed path; ``overwrite``: the path may already hold a file, which it replaces."""
+
+    src: str
+    overwrite: bool
 
 
 class _Changed(Exception):
@@ -157,7 +167,7 @@ class Staging:
         d = normalize_path(dst, self.limits)
         if s == d:
             raise E.PathConflict("move source and destination are the same path", path=s)
-        self._apply(turn_id, {s: None, d: ("move", s, overwrite)})
+        self._apply(turn_id, {s: None, d: _Move(s, overwrite)})
 
     def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None],
                       executable: Any = ()) -> None:
@@ -165,7 +175,7 @@ class Staging:
         cleaned = check.batch(changes, self.limits.max_batch_files, "changes", self.limits)
         self._apply(turn_id, cleaned, check.executables(executable, cleaned))
 
-    def _apply(self, turn_id: str, changes: dict[str, Any], executable: frozenset[str] = frozenset()) -> None:
+    def _apply(self, turn_id: str, changes: Mapping[str, bytes | _Move | None], executable: frozenset[str] = frozenset()) -> None:
         if not changes:
             return
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
@@ -181,7 +191,7 @@ class Staging:
         faults.point("write.after_commit")
         self.coordination.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
 
-    def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, FileEntry],
+    def _apply_rows(self, turn_id: str, changes: Mapping[str, bytes | _Move | None], stored: dict[str, FileEntry],
                     upload: Future[Any] | None, nodes: CachedNodes) -> None:
         limits = self.limits
         with self.db.tx() as conn:
@@ -189,19 +199,19 @@ class Staging:
             state = StagedTree(nodes, Digest(draft.code_manifest_key), overlay)
             moved = {}
             for value in changes.values():
-                if isinstance(value, tuple):  # ("move", src, overwrite): resolved before the source is deleted
-                    src_file = state.file(value[1])
+                if isinstance(value, _Move):  # resolved before the source is deleted
+                    src_file = state.file(value.src)
                     if src_file is None:
-                        raise E.PathNotFound(f"no file {value[1]!r} to move", path=value[1])
-                    moved[value[1]] = src_file
+                        raise E.PathNotFound(f"no file {value.src!r} to move", path=value.src)
+                    moved[value.src] = src_file
             rows: list[dict[str, Any]] = []
             delta = 0
             # deletions (and move sources) first, so a batch may replace a directory by a file
             for path, value in sorted(changes.items(), key=lambda kv: kv[1] is not None):
-                entry: FileEntry | None = moved[value[1]] if isinstance(value, tuple) else (
+                entry: FileEntry | None = moved[value.src] if isinstance(value, _Move) else (
                     None if value is None else stored[path])
                 existed = state.file(path) is not None
-                if existed and isinstance(value, tuple) and not value[2]:
+                if existed and isinstance(value, _Move) and not value.overwrite:
                     raise E.PathConflict(f"{path!r} exists: move with overwrite to replace it", path=path)
                 if entry is None:
                     if not existed:

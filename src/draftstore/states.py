@@ -16,13 +16,13 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .database import Database
-from .objects import Objects
-from .settings import Limits
 from .db.tables import PK, C, D, P, T, V
 from .diff import Diff, diff_views
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .projects import Projects
 from .records import TurnStatus
+from .settings import Limits
 from .trees import file_entry
 from .view import View
 

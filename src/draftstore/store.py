@@ -35,6 +35,7 @@ from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from . import errors as E
+from . import idprefix
 from .blobs import BlobStore, ObjectCache, open_blob_store
 from .coord import Coordinator, open_coordinator
 from .coord.base import Event
@@ -42,32 +43,32 @@ from .coordination import Coordination
 from .database import Database
 from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
-from .diff import Diff
-from .events import MAX_PAGE as MAX_EVENT_PAGE, Activity
-from .drafts import Drafts
-from . import idprefix
-from .projects import Projects
-from .publishing import Publishing
-from .reverting import Reverting
-from .sandboxes import Sandboxes
 from .deltas import Deltas
-from .records import (ContinuedTurn, Draft, HeadMove, Page, Project, ResumeContext, SandboxSession, SandboxStatus,
-                      Snapshot, ToolCall, Turn, TurnEndReason, Version)
+from .diff import Diff
+from .drafts import Drafts
+from .events import MAX_PAGE as MAX_EVENT_PAGE
+from .events import Activity
 from .fsck import FsckReport
 from .gc import GCStats, Retention
 from .maintenance import Maintenance
 from .objects import Objects
-from .packlocator import PackLocator
 from .packing import Packing
+from .packlocator import PackLocator
+from .projects import Projects
+from .publishing import Publishing
+from .records import (ContinuedTurn, Draft, HeadMove, Page, Project, ResumeContext, SandboxSession, SandboxStatus,
+                      Snapshot, ToolCall, Turn, TurnEndReason, Version)
+from .resume import Resume
+from .reverting import Reverting
+from .sandboxes import Sandboxes
 from .sealing import Sealing
 from .settings import Settings
-from .staging import Staging
 from .snapshots import Materialized, Snapshots
+from .staging import Staging
 from .states import States
 from .tokens import Tokens
 from .toolcalls import ToolCalls
 from .turns import Turns
-from .resume import Resume
 from .view import View
 
 __all__ = ["Store"]

@@ -28,13 +28,13 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import paging
 from . import validation as check
-from .database import Database
-from .objects import Objects
 from .coordination import Coordination
-from .settings import Limits
+from .database import Database
 from .db.tables import T, TC, utcnow
 from .digest import Digest
+from .objects import Objects
 from .records import Page, ToolCall, ToolCallStatus, TurnStatus, aware
+from .settings import Limits
 
 __all__ = ["ToolCalls"]
 

@@ -36,19 +36,19 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults
 from . import validation as check
-from .database import Database
-from .objects import Objects
 from .coordination import Coordination
-from .settings import Settings
-from .deferred import awaited, retry_unlocked
+from .database import Database
 from .db.tables import D, T, V, utcnow
-from .drafts import Drafts
-from .ids import new_id
-from .projects import Projects
+from .deferred import awaited, retry_unlocked
 from .deltas import Deltas
 from .digest import Digest, digest_of
+from .drafts import Drafts
+from .ids import new_id
+from .objects import Objects
+from .projects import Projects
 from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware, end_reason_of
 from .sealing import Fold, Sealing
+from .settings import Settings
 from .toolcalls import ToolCalls
 
 __all__ = ["Turns", "turn_record"]
