@@ -487,8 +487,8 @@ class Packing:
         candidates' contents are in the object cache afterwards."""
         unique = list({r.search_index: r for r in rows if r.search_index}.values())
         cold = [r for r in unique if "index:" + r.search_index not in self.objects.cache]
-        found = dict(zip((r.search_index for r in cold), self.objects.in_parallel(lambda r: self._candidates_of(r, query),
-                                                                           cold)))
+        found = dict(zip((r.search_index for r in cold),
+                         self.objects.in_parallel(lambda r: self._candidates_of(r, query), cold)))
         for r in unique:  # indexes in memory already: no thread hop (their candidates are most often cached too)
             if r.search_index not in found:
                 found[r.search_index] = self._candidates_of(r, query)

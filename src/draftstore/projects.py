@@ -316,5 +316,6 @@ class Projects:
             result = project_record(self.load(conn, project_id))
         if moved:  # a rollback to the head itself moves nothing, and says nothing
             # ``at`` (the head move's own time) tells two moves to the same version apart
-            self.coordination.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id, "at": now.isoformat()})
+            self.coordination.emit(f"project:{project_id}", "head.moved",
+                                   {"to_version_id": version_id, "at": now.isoformat()})
         return result

@@ -89,7 +89,8 @@ class Publishing:
         finally:
             fold.settle()
         faults.point("publish.after_commit")
-        self.coordination.emit(f"project:{project_id}", "version.published", {"version_id": version.id, "number": version.number})
+        self.coordination.emit(f"project:{project_id}", "version.published",
+                               {"version_id": version.id, "number": version.number})
         return version
 
     def discard(self, project_id: str, actor: str | None) -> Draft:

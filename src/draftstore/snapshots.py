@@ -17,8 +17,8 @@ import os
 import shutil
 import tarfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from hashlib import sha256
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 

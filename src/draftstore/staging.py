@@ -175,7 +175,8 @@ class Staging:
         cleaned = check.batch(changes, self.limits.max_batch_files, "changes", self.limits)
         self._apply(turn_id, cleaned, check.executables(executable, cleaned))
 
-    def _apply(self, turn_id: str, changes: Mapping[str, bytes | _Move | None], executable: frozenset[str] = frozenset()) -> None:
+    def _apply(self, turn_id: str, changes: Mapping[str, bytes | _Move | None],
+               executable: frozenset[str] = frozenset()) -> None:
         if not changes:
             return
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]

@@ -178,7 +178,8 @@ class ToolCalls:
         if row is None:
             raise self._why_not(turn_id, None)
         seq = row[0]
-        self.coordination.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
+        self.coordination.emit(f"turn:{turn_id}", f"tool.{status}",
+                               {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
         return ToolCall(turn_id=turn_id, seq=seq, tool_name=tool_name, status=status,
                         args=None if args_digest else args, args_digest=args_digest, args_preview=args_preview,
                         result=None, result_digest=None, result_preview=None, error=None,

@@ -313,7 +313,8 @@ class Turns:
         reason = end_reason_of(turn.status, turn.end_reason)  # a cancel told from a crash without a read
         self.coordination.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
                                                     "end_reason": reason})
-        self.coordination.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id, "end_reason": reason})
+        self.coordination.emit(f"project:{turn.project_id}", f"turn.{turn.status}",
+                               {"turn_id": turn.id, "end_reason": reason})
         self.coordination.expire_stream(stream)
 
     # -- heartbeats ---------------------------------------------------------------------------
