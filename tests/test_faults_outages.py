@@ -782,7 +782,7 @@ def test_pg_connections_killed_between_operations_fail_typed_and_the_pool_recove
     barrier = threading.Barrier(6)
 
     def hold_two() -> None:
-        with store.engine.connect() as a, store._b.autocommit.connect() as b:
+        with store.engine.connect() as a, store.database.autocommit.connect() as b:
             barrier.wait(timeout=30)
             a.exec_driver_sql("SELECT 1")
             b.exec_driver_sql("SELECT 1")

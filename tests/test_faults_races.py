@@ -50,10 +50,10 @@ from typing import Any
 import httpx
 import pytest
 import sqlalchemy as sa
-
-from draftstore import Settings, Store
 from service_fixtures import Service, stack_env
 from services import token as random_token
+
+from draftstore import Settings, Store
 
 Json = Any
 
@@ -585,7 +585,7 @@ def test_two_sweepers_at_once_reap_each_dead_turn_exactly_once(service_factory, 
         assert sum(x["turns_reaped"] for x in counts) == DEAD_TURNS, counts
         assert all(x["turns_failed"] == 0 for x in counts), counts
         for s in sweepers:
-            s._b.events.flush()
+            assert s.flush_events()
         for tid in dead:
             assert_reaped_once(svc, c, tid, "one")
 

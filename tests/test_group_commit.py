@@ -37,7 +37,7 @@ pytestmark = pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest
 
 
 def _group(store: Store) -> GroupCommit:
-    return store._b.group_commit
+    return store.database.group_commit
 
 
 def _wait_for(what: str, check: Callable[[], bool], timeout: float = 10.0) -> None:
@@ -80,7 +80,7 @@ def _hold_leader(store: Store, calls: Calls, seconds: float) -> None:
     """Start a slow statement through the group committer and wait until it leads:
     calls made from now until it ends queue as the next group."""
     gc = _group(store)
-    sleep = store._b.one_shot(sa.select(sa.func.pg_sleep(seconds)))
+    sleep = store.database.one_shot(sa.select(sa.func.pg_sleep(seconds)))
     calls.start(lambda: gc.run(sleep, {}))
     _wait_for("the slow statement to lead", lambda: gc._leading)
 
@@ -173,7 +173,7 @@ def test_a_broken_constraint_rolls_the_group_back_and_each_call_then_runs_alone(
     gc = _group(store)
     groups = gc.groups
     # a row that already exists: its insert breaks the primary key (turn_id, seq)
-    duplicate = store._b.one_shot(TC.insert().values(
+    duplicate = store.database.one_shot(TC.insert().values(
         turn_id=sa.bindparam("p_turn_id"), seq=sa.bindparam("p_seq"), tool_name="dup", status="started",
         started_at=sa.func.now()))
     calls = Calls()
@@ -224,7 +224,7 @@ def test_a_connection_killed_under_a_group_fails_all_of_it_and_nothing_of_it_lan
     t1, t2 = _projects_with_turns(store, 2)
     gc = _group(store)
     groups = gc.groups
-    marker = store._b.one_shot(sa.select(sa.func.pg_sleep(sa.literal_column("1.5")),
+    marker = store.database.one_shot(sa.select(sa.func.pg_sleep(sa.literal_column("1.5")),
                                                 sa.literal_column("'group-under-test'")))
     calls = Calls()
     _hold_leader(store, calls, 0.3)
@@ -233,7 +233,7 @@ def test_a_connection_killed_under_a_group_fails_all_of_it_and_nothing_of_it_lan
     calls.start(lambda: store.tool_started(t2, "view_file", {}))
     _queued(store, 3)
     _wait_for("the group to run", lambda: gc.groups == groups + 1)
-    with store._b.autocommit.connect() as admin:  # pg_stat_activity read afresh by each statement
+    with store.database.autocommit.connect() as admin:  # pg_stat_activity read afresh by each statement
         _wait_for("its statement to reach the database", lambda: admin.execute(sa.text(
             "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%group-under-test%' "
             "AND pid <> pg_backend_pid()")).scalar() == 1)

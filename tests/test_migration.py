@@ -37,7 +37,6 @@ def empty_postgres(real_postgres: Any) -> Iterator[str]:
     """A new, empty PostgreSQL database's URL for one test (the session's own database is
     migrated already); dropped afterwards."""
     import psycopg
-
     from services import _with_database, token
 
     name = f"draftstore_migrate_{token()}"
@@ -621,8 +620,10 @@ def downgrade_0008_and_check(url: str, tmp_path: Path) -> None:
         upgrade(engine, "0008")
         downgrade(engine, "0007")
         assert current_revision(engine) == "0007"
-        chars, calls = sql_row(engine, "SELECT d.characters_json, t.tool_calls_json FROM project_draft d "
-                                       "JOIN project_turn t ON t.draft_id = d.id WHERE t.id = :id", id=T1)
+        chars, calls = sql_row(engine, "SELECT project_draft.characters_json, project_turn.tool_calls_json "
+                                       "FROM project_draft JOIN project_turn "
+                                       "ON project_turn.draft_id = project_draft.id WHERE project_turn.id = :id",
+                                       id=T1)
         assert as_json(chars) == {"hero": {"hp": 12}} and as_json(calls) == old["calls"]
         assert sql_row(engine, "SELECT external_ref FROM sandbox_snapshot WHERE id = :id", id=T2) == ("e2b:snap-7",)
         names = {ix["name"] for ix in sa.inspect(engine).get_indexes("project_draft")}
@@ -642,7 +643,8 @@ def test_upgrading_a_0007_postgres_database_keeps_every_value_under_the_designs_
 # -- 0008 -> 0009: turns that can be reverted ----------------------------------------------------------
 def fill_0008(engine: Any, start_state: str) -> None:
     """A draft of two completed turns as the 0008 release left them (no revert columns yet)."""
-    from draftstore.db.tables import P as PROJECT, V as VERSION
+    from draftstore.db.tables import P as PROJECT
+    from draftstore.db.tables import V as VERSION
 
     empty = str(EMPTY_TREE)
     with engine.begin() as conn:

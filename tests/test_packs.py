@@ -568,7 +568,7 @@ def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tre
     cold = store_factory()
     res = cold.view(p.id).search_code(needle.decode(), max_results=10_000)
     assert [(m.path, m.line_number) for m in res] == _grep(files, needle)
-    assert not cold._b.objects.packs.has_pack(spine.digest)  # the spine was never fetched
+    assert spine.digest not in cold.cached_packs()  # the spine was never fetched
     assert spine.search_index  # (that search read the tree summary: the packs' indexes are checked below)
 
     # a row the cover names is gone (or the cover is from before covers were recorded):
@@ -580,7 +580,7 @@ def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tre
     walked = store_factory()
     assert [(m.path, m.line_number) for m in walked.view(p.id).search_code(needle.decode(), max_results=10_000)
             ] == _grep(files, needle)
-    assert walked._b.objects.packs.has_pack(spine.digest)
+    assert spine.digest in walked.cached_packs()
     with store.engine.begin() as conn:
         conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=spine.cover))
         # the pack root holding f377, one of the matches: a cover trusted without its rows would miss it

@@ -157,7 +157,7 @@ def assert_read_back(store: Store, done: dict[str, Any]) -> None:
 
 def prepare_thresholds(store: Store) -> list[Any]:
     """psycopg's ``prepare_threshold`` on a live connection of each of the store's pools."""
-    b = store._b
+    b = store.database
     seen = []
     for engine in (b.engine, b.autocommit):
         conn = engine.raw_connection()

@@ -27,13 +27,12 @@ from typing import Any
 from unittest import mock
 
 import pytest
+import sqlalchemy as sa
+import zstandard
 from hypothesis import HealthCheck, Phase, given, note, settings
 from hypothesis import strategies as st
 
 from draftstore import PatternInvalid, Settings, Store
-import sqlalchemy as sa
-import zstandard
-
 from draftstore import packing as packing_module
 from draftstore import packs as packs_module
 from draftstore.search import linetables as linetables_module
@@ -314,8 +313,7 @@ def _indexed_search_equals_a_full_scan(store: Store, corpus: dict[str, bytes], l
         p = store.create_project("prop", files=corpus)
     # the version: every subtree packed and indexed
     assert_same_as_scan(store, p.id, qs, "version")
-    store.cache.clear()
-    store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
+    store.clear_caches()
     assert_same_as_scan(store, p.id, qs, "version, read cold")  # indexes, shards and frames fetched anew
 
     # a draft whose overlay adds, modifies and deletes files (turn still running)
@@ -382,12 +380,11 @@ def test_a_cold_search_reads_the_directory_a_few_shards_and_the_candidates_frame
     query = required_trigrams("needle", False)
     assert len(directory.shard_digest) > 10
     assert 1 <= len(directory.shards_for(query)) <= trigrams_module.MAX_SHARDS_PER_QUERY < len(query[0])
-    store.cache.clear()
-    store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
+    store.clear_caches()
     with mock.patch.object(trigrams_module, "MAX_SHARDS_PER_QUERY", 1):
         res = store.view(p.id).search_code("needle")
     assert lines(res) == [("d1/f7.txt", 1, "line needle here")]
-    assert not any(store._b.objects.packs.has_pack(r.digest) for r in rows)  # no pack fetched whole
+    assert not store.cached_packs() & {r.digest for r in rows}  # no pack fetched whole
     assert res.files_searched < 90
 
 
@@ -400,7 +397,7 @@ def test_a_warm_search_reuses_what_it_found_in_the_frames_and_refetches_what_was
     assert lines(store.view(p.id).search_code("common", max_results=1000)) == first
     for digest in set(directory.found.values()):
         store.cache.discard(digest)  # evicted: the remembered digest alone must not be trusted
-    store._b.objects.packs = packs_module._PackCache(store._b.objects.packs.max_bytes)
+    assert not store.cached_packs()  # no pack held whole: what was evicted comes from its frames again
     assert lines(store.view(p.id).search_code("common", max_results=1000)) == first
     assert len(first) == 89
 
@@ -803,7 +800,7 @@ def test_a_first_search_reads_the_tree_summary_and_nothing_else(store_factory: A
     for r in rows:
         if r.kind != "spine":
             assert index_key(r.search_index) not in cold.cache  # no pack's index read
-            assert not cold._b.objects.packs.has_pack(r.digest)
+            assert r.digest not in cold.cached_packs()
     assert res.files_searched == 2
     oracle = scan_view(cold, p.id)
     for kw in ({"ignore_case": True}, {"glob": "**/*.txt"}, {"glob": "d1/*"}, {"context": 1}, {"max_results": 1},

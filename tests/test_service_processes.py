@@ -18,6 +18,10 @@ from typing import Any
 import httpx
 import pytest
 
+from draftstore import Store
+from draftstore.blobs import open_blob_store
+from draftstore.coord import Coordinator, open_coordinator
+from draftstore.db.engine import create_db_engine
 from service_fixtures import Service
 from test_service_streams import (b64, complete, delta, ends_with, keys, new_project, sse, start_turn, tool_call,
                                   wait_buffered)
@@ -238,6 +242,22 @@ def test_text_a_service_acknowledged_is_in_the_buffer_even_if_it_is_killed_at_on
     assert [e.data["text"] for e in buffered if e.type == "assistant.delta"] == texts
 
 
+class _HeldAppends:
+    """A coordinator whose batched appends (the event publisher's) wait until ``released``
+    is set: a process whose events are appended late. Everything else goes straight through."""
+
+    def __init__(self, coord: Coordinator) -> None:
+        self._coord = coord
+        self.released = threading.Event()
+
+    def append_many(self, events: Any) -> list[int]:
+        self.released.wait(30)
+        return self._coord.append_many(events)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._coord, name)
+
+
 def test_an_event_another_process_appends_just_after_the_turn_ended_still_reaches_the_live_stream(service_factory):
     """Each process appends its own events a few milliseconds after emitting them, so a tool
     call recorded elsewhere just before the turn ended can land after the end event: a live
@@ -246,15 +266,23 @@ def test_an_event_another_process_appends_just_after_the_turn_ended_still_reache
     c = svc.client()
     p = new_project(c)
     t = start_turn(c, p)
-    elsewhere = svc.store  # another process's store on the same stack (this test's own)
-    elsewhere._b.events.linger_s = 30.0  # noqa: SLF001 - hold its append back until flushed below
-    seq = elsewhere.tool_started(t, "view_file", {"path": "main.py"}).seq  # committed; its event still queued
-    # (a stream opened before the buffer exists is rebuilt from the database, tool call included)
-    wait_buffered(c, t, ends_with("turn.started"))
-    with sse(svc, f"/v1/turns/{t}/events") as es:
-        assert es.read_n(1)[0].type == "turn.started"
-        complete(c, t)  # the service appends turn.completed now
-        wait_buffered(c, t, ends_with("turn.completed"))
-        assert elsewhere._b.events.flush(timeout=10)  # noqa: SLF001 - the late append: after the end event
-        rest = es.read_to_end()
+    # another process's store on the same stack, whose queued appends wait until released
+    s = svc.store.settings
+    held = _HeldAppends(open_coordinator(s.resolved_coord_url()))
+    elsewhere = Store(create_db_engine(s.resolved_database_url()), open_blob_store(s.resolved_blob_url()), held,
+                      settings=s)
+    try:
+        seq = elsewhere.tool_started(t, "view_file", {"path": "main.py"}).seq  # committed; its event still queued
+        # (a stream opened before the buffer exists is rebuilt from the database, tool call included)
+        wait_buffered(c, t, ends_with("turn.started"))
+        with sse(svc, f"/v1/turns/{t}/events") as es:
+            assert es.read_n(1)[0].type == "turn.started"
+            complete(c, t)  # the service appends turn.completed now
+            wait_buffered(c, t, ends_with("turn.completed"))
+            held.released.set()
+            assert elsewhere.flush_events(timeout=10)  # the late append: after the end event
+            rest = es.read_to_end()
+    finally:
+        held.released.set()
+        elsewhere.close()
     assert keys(rest) == [("turn.completed", None), ("tool.started", seq), ("stream.end", None)]

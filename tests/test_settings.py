@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
-
 from concurrency import Peak
+
 from draftstore import Store
+from draftstore.blobs.directory import DirectoryBlobStore
+from draftstore.coord import open_coordinator
+from draftstore.db.engine import create_db_engine
+from draftstore.db.migrate import upgrade
 from draftstore.errors import ConfigInvalid
 from draftstore.settings import Settings
 
@@ -51,14 +56,43 @@ def test_at_the_edges_of_their_ranges_values_are_accepted(monkeypatch: pytest.Mo
     assert (s.limits.inline_payload_bytes, s.retain_turns_days, s.turn_threads, s.upload_threads) == (0, 0, 1, 1)
 
 
+class _HeldPuts(DirectoryBlobStore):
+    """A blob directory where storing a probe file holds for a while (``Peak.call``)."""
+
+    def __init__(self, root: Path, peak: Peak) -> None:
+        super().__init__(root)
+        self.peak = peak
+
+    def _put_raw(self, key: str, data: bytes) -> None:
+        if data.startswith(b"upload probe"):
+            self.peak.call()
+        super()._put_raw(key, data)
+
+
 def test_a_store_runs_at_most_upload_threads_uploads_at_once(tmp_path: Path) -> None:
-    """The setting is the upload pool's size: with 2, a third upload starts only once one ended."""
-    store = Store.open(f"sqlite:///{tmp_path / 'db.sqlite'}", f"file://{tmp_path / 'blobs'}",
-                       settings=Settings(home=tmp_path, upload_threads=2))
+    """The setting is the upload pool's size: with 2, six writes made at once store
+    their files two at a time."""
+    peak = Peak(0.05)
+    settings = Settings(home=tmp_path, upload_threads=2)
+    engine = create_db_engine(settings.resolved_database_url())
+    upgrade(engine)
+    store = Store(engine, _HeldPuts(tmp_path / "blobs", peak), open_coordinator(settings.resolved_coord_url()),
+                  settings=settings)
     try:
-        peak = Peak(0.05)
-        for f in [store._b.upload(peak.call) for _ in range(6)]:
-            f.result()
+        p = store.create_project("uploads", files={"main.py": b"print(1)\n"})
+        turn = store.start_turn(p.id, "six writes at once")
+        together = threading.Barrier(6)
+
+        def write(i: int) -> None:
+            together.wait(timeout=10)
+            store.write_file(turn.id, f"probe/{i}.txt", b"upload probe %d" % i)
+
+        threads = [threading.Thread(target=write, args=(i,)) for i in range(6)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=30)
+        assert sorted(store.view(p.id).list_files()) == ["main.py"] + [f"probe/{i}.txt" for i in range(6)]
         assert peak.most == 2
     finally:
         store.close()

@@ -25,9 +25,11 @@ import sqlalchemy as sa
 
 from . import errors as E
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import D, T
 from .records import TurnStatus
+from .settings import Limits
 
 __all__ = ["Deltas"]
 
@@ -40,8 +42,11 @@ def _text_key(turn_id: str) -> str:
 
 
 class Deltas:
-    def __init__(self, b: Backends, flush_interval_s: float = 1.0) -> None:
-        self.b = b
+    def __init__(self, db: Database, coordination: Coordination, limits: Limits,
+                 flush_interval_s: float = 1.0) -> None:
+        self.db = db
+        self.coordination = coordination
+        self.limits = limits
         self.flush_interval_s = flush_interval_s
         # turn -> when this process last flushed its text, or tried (monotonic): it asks for
         # the coordinator's flush lock at most once an interval per turn
@@ -55,17 +60,17 @@ class Deltas:
         text = check.text("text", text, max_chars=MAX_DELTA_CHARS)
         # one primary-key read per delta (never a write): text for a turn that ended
         # elsewhere, by another process, a sweep or a discard, is refused at once
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             status = conn.execute(self._status, {"turn_id": turn_id}).scalar()
         if status != TurnStatus.RUNNING:
             if status is not None:
                 self.forget(turn_id)
             raise E.turn_refused(turn_id, status, "it takes no more text")
-        cap = self.b.limits.max_json_state_bytes // 2
-        if self.b.coord.append_text(_text_key(turn_id), text, TEXT_TTL_S, cap) < 0:
+        cap = self.limits.max_json_state_bytes // 2
+        if self.coordination.coord.append_text(_text_key(turn_id), text, TEXT_TTL_S, cap) < 0:
             raise E.PayloadTooLarge("the turn's partial response is too large", field="text", limit=cap)
         # in the buffer before this returns: a delta lives nowhere else (see events.append_now)
-        self.b.append_now(f"turn:{turn_id}", "assistant.delta", {"turn_id": turn_id, "text": text})
+        self.coordination.append_now(f"turn:{turn_id}", "assistant.delta", {"turn_id": turn_id, "text": text})
         now = time.monotonic()
         with self._lock:
             last = self._flushed.setdefault(turn_id, now)
@@ -77,14 +82,14 @@ class Deltas:
 
     def _flush(self, turn_id: str) -> None:
         try:  # held for one interval and never released: one flush an interval, whichever process
-            self.b.coord.acquire(f"partial-flush:{turn_id}", ttl_s=self.flush_interval_s, timeout_s=0)
+            self.coordination.coord.acquire(f"partial-flush:{turn_id}", ttl_s=self.flush_interval_s, timeout_s=0)
         except E.LockTimeout:
             return
         value = self.peek(turn_id)
         if value is None:
             return
-        doc = check.json_value("partial_response", value, self.b.limits.max_json_state_bytes)
-        with self.b.tx() as conn:
+        doc = check.json_value("partial_response", value, self.limits.max_json_state_bytes)
+        with self.db.tx() as conn:
             row = conn.execute(T.update().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING.value)
                                .values(partial_response_json=doc).returning(T.c.draft_id)).first()
             if row is not None:
@@ -95,11 +100,11 @@ class Deltas:
 
     def peek(self, turn_id: str) -> dict[str, str] | None:
         """The text so far (``{"text": ...}``), from every process's deltas; None if none."""
-        text = self.b.coord.get_text(_text_key(turn_id))
+        text = self.coordination.coord.get_text(_text_key(turn_id))
         return {"text": text} if text else None
 
     def forget(self, turn_id: str) -> None:
         """The turn has ended (committed): drop its text."""
         with self._lock:
             self._flushed.pop(turn_id, None)
-        self.b.coord.drop_text(_text_key(turn_id))
+        self.coordination.coord.drop_text(_text_key(turn_id))

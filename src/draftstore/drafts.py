@@ -17,7 +17,7 @@ from sqlalchemy.engine import Connection
 
 from . import errors as E
 from . import validation as check
-from .backends import Backends
+from .database import Database
 from .db.tables import D, P, V
 from .digest import EMPTY_TREE
 from .ids import new_id
@@ -37,13 +37,13 @@ def draft_record(r: Any) -> Draft:
 
 
 class Drafts:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def get(self, project_id: str) -> Draft:
         """The project's active draft. Raises ``project.not_found``, ``draft.none``."""
         check.project_id(project_id)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             row = conn.execute(
                 sa.select(P.c.id.label("project"), D).select_from(P.outerjoin(D, D.c.id == P.c.active_draft_id))
                 .where(P.c.id == project_id)).first()
@@ -58,7 +58,7 @@ class Drafts:
         if project.active_draft_id is None:
             return None
         stmt = sa.select(D).where(D.c.id == project.active_draft_id)
-        return conn.execute(self.b.for_update(stmt) if lock else stmt).first()
+        return conn.execute(self.db.for_update(stmt) if lock else stmt).first()
 
     def lock_open(self, conn: Connection, project: Any, doing: str) -> Any:
         """The project's open draft row, locked (project row locked first by the

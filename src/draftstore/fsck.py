@@ -23,9 +23,10 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import errors as E
-from .backends import Backends
+from .database import Database
 from .db.tables import C, D, PK, PO, S, T, TC, V
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .packs import Pack
 from .search.trigrams import IndexDirectory, decode_index
 
@@ -60,21 +61,22 @@ class FsckReport:
 
 
 class Checker:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects) -> None:
+        self.db = db
+        self.objects = objects
 
     def run(self, verify_objects: bool = True, progress: Progress | None = None) -> FsckReport:
         t0 = time.monotonic()
         report = FsckReport()
         members: dict[str, set[str]] = {}
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             for d, p in conn.execute(sa.select(PO.c.digest, PO.c.pack)):
                 members.setdefault(p, set()).add(d)
             packs = conn.execute(sa.select(PK)).all()
             refs = self._references(conn)
         # listed after the references are read: an object is stored before the row that names
         # it commits, so on a store being written to every reference read is in this listing
-        listed = {o.digest: o.size for o in self.b.blobs.iter_objects()}
+        listed = {o.digest: o.size for o in self.objects.raw.iter_objects()}
         available = set(listed).union(*(ds for p, ds in members.items() if p in listed))
 
         def have(key: str) -> bool:
@@ -112,16 +114,16 @@ class Checker:
     def _verify(self, chunk: list[str], report: FsckReport) -> None:
         """Re-read and re-hash objects (in parallel; one by one when a chunk holds a bad one)."""
         for d in chunk:
-            self.b.cache.discard(d)  # read the stored bytes, not a copy in memory
+            self.objects.cache.discard(d)  # read the stored bytes, not a copy in memory
         try:
-            self.b.blobs.get_many([Digest(d) for d in chunk])
+            self.objects.raw.get_many([Digest(d) for d in chunk])
             report.objects_verified += len(chunk)
             return
         except (E.ChecksumMismatch, E.BlobNotFound):
             pass
         for d in chunk:
             try:
-                self.b.blobs.get(Digest(d))
+                self.objects.raw.get(Digest(d))
                 report.objects_verified += 1
             except E.ChecksumMismatch as exc:
                 report.problems.append(Problem("corrupt", "blob store", d, exc.message))
@@ -170,7 +172,7 @@ class Checker:
                 report.problems.append(Problem("missing", at, d, "tree node"))
                 continue
             try:
-                node = self.b.trees.load(Digest(d))
+                node = self.objects.trees.load(Digest(d))
             except E.ChecksumMismatch as exc:
                 report.problems.append(Problem("corrupt", at, d, exc.message))
                 continue
@@ -191,7 +193,7 @@ class Checker:
         """A search index (either format, or a spine's tree summary) decodes, and every
         shard and line table it names is stored."""
         try:
-            raw = self.b.blobs.get(Digest(digest))
+            raw = self.objects.raw.get(Digest(digest))
             idx = decode_index(raw)
             named = [(s, "a shard") for s in idx.shard_digest] if isinstance(idx, IndexDirectory) else []
             if isinstance(idx, IndexDirectory) and idx.lines:
@@ -206,7 +208,7 @@ class Checker:
             report.problems.append(Problem("malformed", where, digest, exc.message))
             return
         finally:
-            self.b.cache.discard(digest)
+            self.objects.cache.discard(digest)
         for obj, what in named:
             report.references_checked += 1
             if obj not in listed:
@@ -215,7 +217,7 @@ class Checker:
     def _pack(self, row: Any, expected: set[str], report: FsckReport) -> None:
         where = f"pack row {row.tree[:12]}/{row.kind}/{row.part}"
         try:
-            pack = Pack.decode(row.digest, self.b.blobs.get(Digest(row.digest)))
+            pack = Pack.decode(row.digest, self.objects.raw.get(Digest(row.digest)))
         except E.ChecksumMismatch as exc:
             report.problems.append(Problem("corrupt", where, row.digest, exc.message))
             return

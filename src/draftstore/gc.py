@@ -38,11 +38,13 @@ import sqlalchemy as sa
 
 from . import errors as E
 from . import faults
-from .backends import Backends
+from .database import Database
 from .db.tables import C, D, P, PK, PO, S, T, TC, V, utcnow
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .records import SnapshotStatus, TurnStatus, aware
 from .search.trigrams import index_shards
+from .settings import Settings
 
 __all__ = ["Collector", "GCStats", "Retention"]
 
@@ -74,8 +76,11 @@ class GCStats:
 
 
 class Collector:
-    def __init__(self, b: Backends, retention: Callable[[str], Retention]) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, retention: Callable[[str], Retention], *,
+                 grace_s: float) -> None:
+        self.db = db
+        self.objects = objects
+        self.grace_s = grace_s
         self.retention = retention
 
     # -- roots ------------------------------------------------------------------------------
@@ -85,7 +90,7 @@ class Collector:
         trees: set[str] = set()
         keep: set[str] = set()
         expired: list[str] = []
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             trees.update(conn.execute(sa.select(V.c.code_manifest_key)).scalars())
             for r in conn.execute(sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.closed_at,
                                             D.c.closed_reason)):
@@ -130,7 +135,7 @@ class Collector:
             if d in marked:
                 continue
             marked.add(d)
-            for e in self.b.trees.load(d).values():
+            for e in self.objects.trees.load(d).values():
                 if e.is_dir:
                     if e.digest not in marked:
                         todo.append(e.digest)
@@ -144,7 +149,7 @@ class Collector:
         """(digests of packs to keep, with their indexes; pack rows to drop): a pack is
         kept while any object in it is marked, or while it is younger than the grace."""
         members: dict[str, bool] = {}
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             for digest, pack in conn.execute(sa.select(PO.c.digest, PO.c.pack)):
                 if digest in marked:
                     members[pack] = True
@@ -174,12 +179,12 @@ class Collector:
         for i in range(0, len(todo), 64):
             chunk = [Digest(d) for d in todo[i:i + 64]]
             try:
-                got = self.b.blobs.get_many(chunk)
+                got = self.objects.raw.get_many(chunk)
             except (E.BlobNotFound, E.ChecksumMismatch):
                 got = {}
                 for d in chunk:
                     try:
-                        got[d] = self.b.blobs.get(d)
+                        got[d] = self.objects.raw.get(d)
                     except (E.BlobNotFound, E.ChecksumMismatch):
                         continue
             for d, raw in got.items():
@@ -187,14 +192,14 @@ class Collector:
                     out.update(index_shards(raw))
                 except E.IntegrityError:
                     log.warning("search index %s is malformed: its shards are not kept", d[:12])
-                self.b.cache.discard(d)
+                self.objects.cache.discard(d)
         return out
 
     # -- the whole run ------------------------------------------------------------------------
     def run(self, dry_run: bool = True, progress: Progress | None = None) -> GCStats:
         t0 = time.monotonic()
         stats = GCStats(dry_run=dry_run)
-        grace_s = self.b.settings.gc_grace_s
+        grace_s = self.grace_s
         cutoff = utcnow() - timedelta(seconds=grace_s)
         # young means younger than the grace *at the start of the run*: an object written
         # after the roots were read is never older than that, however long marking takes
@@ -210,7 +215,7 @@ class Collector:
         if not dry_run:
             self._drop_rows(drop, expired)
         doomed: list[tuple[str, int]] = []
-        for obj in self.b.blobs.iter_objects():
+        for obj in self.objects.raw.iter_objects():
             stats.objects_listed += 1
             if progress is not None and stats.objects_listed % 1000 == 0:
                 progress("list", stats.objects_listed, None)
@@ -224,11 +229,11 @@ class Collector:
         for i, (digest, size) in enumerate(doomed):
             if not dry_run:
                 # stored again since it was listed (a write refers to it anew): keep it
-                modified = self.b.blobs.modified(Digest(digest))
+                modified = self.objects.raw.modified(Digest(digest))
                 if modified is None or modified > oldest:
                     stats.objects_young += modified is not None
                     continue
-                self.b.blobs.delete(Digest(digest))
+                self.objects.raw.delete(Digest(digest))
             stats.objects_swept += 1
             stats.bytes_swept += size
             if len(stats.swept) < 100:
@@ -242,7 +247,7 @@ class Collector:
 
     def _drop_rows(self, drop: list[Any], expired: list[str]) -> None:
         now = utcnow()
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             for r in drop:
                 conn.execute(PK.delete().where(PK.c.tree == r.tree, PK.c.kind == r.kind, PK.c.part == r.part))
             gone = {r.digest for r in drop}
@@ -254,12 +259,12 @@ class Collector:
                 conn.execute(T.update().where(T.c.id.in_(expired)).values(pruned_at=now))
 
 
-def project_retention(b: Backends) -> Callable[[str], Retention]:
+def project_retention(db: Database, settings: Settings) -> Callable[[str], Retention]:
     """The retention of a project: its own settings, else the store's defaults."""
     cache: dict[str, Retention] = {}
-    with b.tx(read_only=True) as conn:
+    with db.tx(read_only=True) as conn:
         rows = conn.execute(sa.select(P.c.id, P.c.retain_turns_days, P.c.retain_discarded_days)).all()
-    defaults = b.settings
+    defaults = settings
     for r in rows:
         cache[r.id] = Retention(
             r.retain_turns_days if r.retain_turns_days is not None else defaults.retain_turns_days,

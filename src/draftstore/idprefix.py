@@ -15,7 +15,7 @@ import re
 import sqlalchemy as sa
 
 from . import errors as E
-from .backends import Backends
+from .database import Database
 from .db.tables import ID, K, P, S, T, V
 
 __all__ = ["MIN_PREFIX", "KINDS", "resolve"]
@@ -34,7 +34,7 @@ KINDS: dict[str, tuple[sa.Table, type[E.NotFound]]] = {
 _HEX = re.compile(r"[0-9a-f]+")
 
 
-def resolve(b: Backends, kind: str, text: str, *, project_id: str | None = None) -> str:
+def resolve(db: Database, kind: str, text: str, *, project_id: str | None = None) -> str:
     """The full id of the ``kind`` record whose id starts with ``text``.
 
     ``project_id`` narrows versions, turns and snapshots to one project (a
@@ -55,7 +55,7 @@ def resolve(b: Backends, kind: str, text: str, *, project_id: str | None = None)
     query = sa.select(table.c.id).where(table.c.id.between(low, high)).order_by(table.c.id).limit(6)
     if project_id is not None and "project_id" in table.c:
         query = query.where(table.c.project_id == project_id)
-    with b.statement(read_only=True) as conn:
+    with db.statement(read_only=True) as conn:
         ids = list(conn.execute(query).scalars())
     if not ids:
         raise not_found(f"no {kind} id starts with {prefix!r}", **{f"{kind}_prefix": prefix})

@@ -15,11 +15,12 @@ import sqlalchemy as sa
 
 from . import errors as E
 from . import validation as check
-from .backends import Backends
+from .database import Database
 from .db.tables import H, P, S, V
 from .fsck import Checker, FsckReport
 from .gc import Collector, GCStats, Retention, project_retention
-from .settings import MAX_RETAIN_DAYS
+from .objects import Objects
+from .settings import MAX_RETAIN_DAYS, Settings
 
 __all__ = ["Maintenance"]
 
@@ -33,17 +34,19 @@ def _days(name: str, value: Any) -> float | None:
 
 
 class Maintenance:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, settings: Settings) -> None:
+        self.db = db
+        self.objects = objects
+        self.settings = settings
 
     def retention(self, project_id: str) -> Retention:
         check.project_id(project_id)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             row = conn.execute(sa.select(P.c.retain_turns_days, P.c.retain_discarded_days)
                                .where(P.c.id == project_id)).first()
         if row is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
-        s = self.b.settings
+        s = self.settings
         return Retention(s.retain_turns_days if row.retain_turns_days is None else row.retain_turns_days,
                          s.retain_discarded_days if row.retain_discarded_days is None else row.retain_discarded_days)
 
@@ -54,7 +57,7 @@ class Maintenance:
         if unknown:
             raise E.InvalidInput(f"unknown retention setting(s): {', '.join(sorted(unknown))}", field="retention")
         columns = {f"retain_{k}": _days(k, v) for k, v in values.items()}
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             if conn.execute(P.update().where(P.c.id == project_id).values(**columns)).rowcount != 1:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         return self.retention(project_id)
@@ -64,8 +67,8 @@ class Maintenance:
         and any version a head move names, unless ``force``; never head even then."""
         check.project_id(project_id)
         ids = [check.version_id(v) for v in version_ids]
-        with self.b.tx() as conn:
-            project = conn.execute(self.b.for_update(sa.select(P).where(P.c.id == project_id))).first()
+        with self.db.tx() as conn:
+            project = conn.execute(self.db.for_update(sa.select(P).where(P.c.id == project_id))).first()
             if project is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
             found = set(conn.execute(sa.select(V.c.id).where(V.c.project_id == project_id, V.c.id.in_(ids)))
@@ -86,7 +89,8 @@ class Maintenance:
             return conn.execute(V.delete().where(V.c.id.in_(found))).rowcount
 
     def gc(self, dry_run: bool, progress: Any = None) -> GCStats:
-        return Collector(self.b, project_retention(self.b)).run(dry_run=dry_run, progress=progress)
+        return Collector(self.db, self.objects, project_retention(self.db, self.settings),
+                         grace_s=self.settings.gc_grace_s).run(dry_run=dry_run, progress=progress)
 
     def fsck(self, verify_objects: bool, progress: Any = None) -> FsckReport:
-        return Checker(self.b).run(verify_objects=verify_objects, progress=progress)
+        return Checker(self.db, self.objects).run(verify_objects=verify_objects, progress=progress)

@@ -33,10 +33,11 @@ from typing import Any
 import sqlalchemy as sa
 
 from . import faults
-from .backends import Backends
+from .database import Database
 from .db.tables import PK, PO, utcnow
 from .digest import Digest, digest_of
 from .errors import DraftstoreError
+from .objects import Objects
 from .packs import MAX_PACK_BYTES, MAX_PACK_FILES, MAX_PACKED_FILE, encode_pack, frame_locations
 from .pools import drain
 from .search.linetables import LineTable, build_summary
@@ -109,8 +110,8 @@ _STORE_AHEAD = 2  # units of one write stored side by side
 _STORED_AHEAD = 4  # units stored, or being stored, past the next one to commit (bounds what waits in memory)
 
 
-def _insert_ignoring_duplicates(b: Backends) -> Any:
-    if b.sqlite:
+def _insert_ignoring_duplicates(db: Database) -> Any:
+    if db.sqlite:
         from sqlalchemy.dialects.sqlite import insert
     else:
         from sqlalchemy.dialects.postgresql import insert
@@ -123,25 +124,14 @@ def _covering_key(root: str, under: str) -> str:
 
 
 class Packing:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
-
-    # -- where objects live ------------------------------------------------------------
-    def locate(self, digests: list[str]) -> dict[str, tuple[str, int, int]]:
-        """digest -> (pack, offset, length) for the digests that live in a pack."""
-        out: dict[str, tuple[str, int, int]] = {}
-        with self.b.statement(read_only=True) as conn:
-            for i in range(0, len(digests), _CHUNK):
-                rows = conn.execute(sa.select(PO.c.digest, PO.c.pack, PO.c.offset, PO.c.length)
-                                    .where(PO.c.digest.in_(digests[i:i + _CHUNK]))).all()
-                for r in rows:
-                    out.setdefault(r.digest, (r.pack, r.offset, r.length))
-        return out
+    def __init__(self, db: Database, objects: Objects) -> None:
+        self.db = db
+        self.objects = objects
 
     def _rows_for(self, trees: Iterable[str]) -> dict[str, list[Any]]:
         trees = list(dict.fromkeys(trees))
         found: dict[str, list[Any]] = {}
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             for i in range(0, len(trees), _CHUNK):
                 for r in conn.execute(sa.select(PK).where(PK.c.tree.in_(trees[i:i + _CHUNK]))).all():
                     found.setdefault(r.tree, []).append(r)
@@ -164,7 +154,7 @@ class Packing:
         tree nodes not stored yet (an import's). Walks level by level and never
         descends into a subtree that is packed already (a one-file change reads
         the nodes on its path, not the whole tree)."""
-        load = (lambda d: nodes[d] if nodes is not None and d in nodes else self.b.trees.load(d))
+        load = (lambda d: nodes[d] if nodes is not None and d in nodes else self.objects.trees.load(d))
         units: list[_Unit] = []
         spine: list[Digest] = []
 
@@ -241,7 +231,7 @@ class Packing:
         def start_more() -> None:
             nonlocal started
             while started < len(units) and len(running) < _STORE_AHEAD and started - committed < _STORED_AHEAD:
-                running[started] = self.b.beside(self._store_unit, units[started], nodes or {}, blobs or {})
+                running[started] = self.objects.beside(self._store_unit, units[started], nodes or {}, blobs or {})
                 started += 1
 
         try:
@@ -284,20 +274,20 @@ class Packing:
                 if not mine or not all(r.search_index for r in mine):
                     return
                 units += [(prefix, r.search_index) for r in mine]
-            raw_dirs = self.b.blobs.get_many([Digest(d) for d in dict.fromkeys(d for _, d in units)])
+            raw_dirs = self.objects.raw.get_many([Digest(d) for d in dict.fromkeys(d for _, d in units)])
             tables: list[str] = []
             for _, d in units:
                 idx = decode_index(raw_dirs[Digest(d)])
                 if not isinstance(idx, IndexDirectory) or not idx.lines:
                     return
                 tables.append(idx.lines)
-            raw = self.b.blobs.get_many([Digest(t) for t in dict.fromkeys(tables)])
+            raw = self.objects.raw.get_many([Digest(t) for t in dict.fromkeys(tables)])
             decoded = {t: LineTable.decode(raw[t]) for t in raw}
             summary = build_summary([(prefix, decoded[t]) for (prefix, _), t in zip(units, tables)])
             if summary is None:
                 return
-            digest = self.b.blobs.put(summary)
-            with self.b.tx() as conn:
+            digest = self.objects.raw.put(summary)
+            with self.db.tx() as conn:
                 conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine", PK.c.part == 0)
                              .values(search_index=digest))
         except DraftstoreError as exc:
@@ -305,13 +295,13 @@ class Packing:
 
     def _commit(self, group: list[tuple[dict[str, Any], list[dict[str, Any]]]]) -> None:
         # another process may write the same pack at the same time (same bytes, same digest): first one wins
-        insert = _insert_ignoring_duplicates(self.b)
-        with self.b.tx() as conn:
+        insert = _insert_ignoring_duplicates(self.db)
+        with self.db.tx() as conn:
             for pack_row, object_rows in group:
                 conn.execute(insert(PK).values(**pack_row))
                 if not object_rows:  # a files pack of large files only holds none: its index is what it is for
                     continue
-                if self.b.sqlite:
+                if self.db.sqlite:
                     conn.execute(insert(PO), object_rows)
                 else:
                     # every object row of a pack names that pack
@@ -325,13 +315,13 @@ class Packing:
         """Store one unit's objects (pack, index, files too large to pack); returns its
         ``pack`` row and ``pack_object`` rows, for the caller to commit, and what it stored."""
         stats = PackStats()
-        node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.b.trees.load(d))) for d in unit.nodes]
+        node_bytes = [(d, nodes[d][0] if d in nodes else encode_tree(self.objects.trees.load(d))) for d in unit.nodes]
         everything = unit.files + unit.loose
         wanted = [e.digest for _, e in everything if e.digest not in blobs]
-        fetched = self.b.objects.get_many(wanted) if wanted else {}
+        fetched = self.objects.pack_aware.get_many(wanted) if wanted else {}
         content = {e.digest: blobs[e.digest] if e.digest in blobs else fetched[e.digest] for _, e in everything}
         if unit.loose:  # stored on their own, before the rows that index them
-            self.b.blobs.put_many([content[e.digest] for _, e in unit.loose])
+            self.objects.raw.put_many([content[e.digest] for _, e in unit.loose])
             stats.loose += len(unit.loose)
             stats.stored_bytes += sum(e.size for _, e in unit.loose)
         raw, index = encode_pack(node_bytes + [(e.digest, content[e.digest]) for _, e in unit.files])
@@ -342,10 +332,10 @@ class Packing:
                                         frame_locations(raw))
             named = built.shards + ([built.lines] if built.lines is not None else [])
             if named:  # before the directory that names them
-                self.b.blobs.put_many(named)
-            index_digest = self.b.blobs.put(built.directory)
+                self.objects.raw.put_many(named)
+            index_digest = self.objects.raw.put(built.directory)
             stored += len(built.directory) + sum(map(len, named))
-        pack = self.b.blobs.put(raw)
+        pack = self.objects.raw.put(raw)
         faults.point("pack.after_upload")
         stats.packs += 1
         stats.objects += len(index)
@@ -364,10 +354,10 @@ class Packing:
         digests = {p: digest_of(data) for p, data in files.items()}  # each file hashed once
         blobs = {digests[p]: data for p, data in files.items()}
         changes = {p: FileEntry(digests[p], len(data), p in executable) for p, data in files.items()}
-        plan = self.b.trees.plan(EMPTY_TREE, changes)
+        plan = self.objects.trees.plan(EMPTY_TREE, changes)
         nodes = {digest_of(data): (data, entries) for data, entries in plan.nodes}
         stats = self.write(plan.root, nodes=nodes, blobs=blobs)
-        self.b.trees.remember(plan.nodes)  # warm: the importer is about to read them
+        self.objects.trees.remember(plan.nodes)  # warm: the importer is about to read them
         return plan.root, plan.files, stats
 
     # -- reading -------------------------------------------------------------------------
@@ -380,10 +370,10 @@ class Packing:
         row lookups and no object read; otherwise this walks the spine (loading
         spine packs, which are small, and unpacked nodes; never a tree pack)."""
         key = _covering_key(root, under)
-        cached = self.b.cache.get(key)
+        cached = self.objects.cache.get(key)
         if cached is not None and (not cached[1] or time.monotonic() - cached[2] < _RECHECK_S):
             return cached[0], cached[1]
-        start = self.b.trees.dir_digest(root, under) if under else root
+        start = self.objects.trees.dir_digest(root, under) if under else root
         if start is None:
             return [], []
         covered: list[Covered] = []
@@ -397,7 +387,7 @@ class Packing:
         while frontier:
             spines = [r.digest for d, _ in frontier for r in rows.get(d, ()) if r.kind == "spine"]
             if spines:
-                self.b.objects.load_packs(spines)
+                self.objects.pack_aware.load_packs(spines)
             nxt: list[tuple[Digest, str]] = []
             for d, prefix in frontier:
                 mine = rows.get(d, [])
@@ -406,7 +396,7 @@ class Packing:
                     covered.append(Covered(prefix, "tree", trees))
                     continue
                 files = tuple(sorted((r for r in mine if r.kind == "files"), key=lambda r: r.part))
-                node = self.b.trees.load(d)
+                node = self.objects.trees.load(d)
                 if files:
                     covered.append(Covered(prefix, "files", files))
                 elif any(not e.is_dir for e in node.values()):
@@ -419,7 +409,7 @@ class Packing:
                 rows = self._rows_for(d for d, _ in frontier)
         # a tree never changes; an answer with unpacked parts is asked again after
         # _RECHECK_S, so packs the background job writes meanwhile are found
-        self.b.cache.add(key, (covered, uncovered, time.monotonic()), 200 + 300 * (len(covered) + len(uncovered)))
+        self.objects.cache.add(key, (covered, uncovered, time.monotonic()), 200 + 300 * (len(covered) + len(uncovered)))
         return covered, uncovered
 
     def _recorded_cover(self, cover_json: str) -> list[Covered] | None:
@@ -444,5 +434,5 @@ class Packing:
         nodes (a walk). Returns how many packs are in memory for it."""
         covered, _ = self.covering(root, under)
         packs = [r.digest for c in covered if c.kind in kinds for r in c.rows]
-        self.b.objects.load_packs(packs)
+        self.objects.pack_aware.load_packs(packs)
         return len(packs)

@@ -291,6 +291,18 @@ class _PackCache:
         with self._lock:
             return digest in self._packs
 
+    def digests(self) -> frozenset[str]:
+        """The packs held now."""
+        with self._lock:
+            return frozenset(self._packs)
+
+    def clear(self) -> None:
+        """Let every pack go (the next read of one fetches it again)."""
+        with self._lock:
+            self._packs.clear()
+            self._where.clear()
+            self._bytes = 0
+
     def add(self, pack: Pack) -> None:
         with self._lock:
             if pack.digest in self._packs or pack.size > self.max_bytes:

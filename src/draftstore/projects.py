@@ -20,12 +20,14 @@ from . import errors as E
 from . import packing as packing_module
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import PK, D, H, P, T, V, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
-from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
 from .packing import Packing
+from .records import HeadMove, HeadMoveReason, Page, Project, Version, aware
+from .settings import Limits
 
 __all__ = ["Projects", "project_record", "version_record"]
 
@@ -53,8 +55,10 @@ def _head_move_record(r: Any) -> HeadMove:
 
 
 class Projects:
-    def __init__(self, b: Backends, packing: Packing) -> None:
-        self.b = b
+    def __init__(self, db: Database, coordination: Coordination, limits: Limits, packing: Packing) -> None:
+        self.db = db
+        self.coordination = coordination
+        self.limits = limits
         self.packing = packing
         self._unpackable: set[str] = set()  # draft trees whose packing failed in this process
 
@@ -63,7 +67,7 @@ class Projects:
         """The project row (locked if asked). Raises ``project.not_found``."""
         check.project_id(project_id)
         stmt = sa.select(P).where(P.c.id == project_id)
-        row = conn.execute(self.b.for_update(stmt) if lock else stmt).first()
+        row = conn.execute(self.db.for_update(stmt) if lock else stmt).first()
         if row is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         return row
@@ -106,7 +110,7 @@ class Projects:
                actor: str | None, executable: Any = ()) -> Project:
         name = check.name("name", name)
         actor = check.actor(actor)
-        limits = self.b.limits
+        limits = self.limits
         has_content = files is not None or characters is not None or world_settings is not None
         chars = check.json_value("characters", {} if characters is None else characters, limits.max_json_state_bytes)
         world = check.json_value("world_settings", {} if world_settings is None else world_settings,
@@ -122,7 +126,7 @@ class Projects:
                        if cleaned else (EMPTY_TREE, 0))
         now = utcnow()
         pid = new_id()
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             conn.execute(P.insert().values(id=pid, name=name, created_at=now))
             if has_content:
                 project = self.load(conn, pid, lock=True)
@@ -136,7 +140,7 @@ class Projects:
         actor = check.actor(actor)
         now = utcnow()
         pid = new_id()
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             src = self.load_version(conn, version_id)
             conn.execute(P.insert().values(id=pid, name=name, created_at=now, forked_from_version_id=src.id))
             project = self.load(conn, pid, lock=True)
@@ -147,26 +151,26 @@ class Projects:
             return project_record(self.load(conn, pid))
 
     def get(self, project_id: str) -> Project:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             return project_record(self.load(conn, project_id))
 
     def list(self) -> list[Project]:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             rows = conn.execute(sa.select(P).order_by(P.c.created_at, P.c.id)).all()
         return [project_record(r) for r in rows]
 
     def get_version(self, version_id: str, project_id: str | None = None) -> Version:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             return version_record(self.load_version(conn, version_id, project_id))
 
     def list_versions(self, project_id: str) -> list[Version]:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
             rows = conn.execute(sa.select(V).where(V.c.project_id == project_id).order_by(V.c.number)).all()
         return [version_record(r) for r in rows]
 
     def head_moves(self, project_id: str) -> list[HeadMove]:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
             rows = conn.execute(sa.select(H).where(H.c.project_id == project_id).order_by(H.c.id)).all()
         return [_head_move_record(r) for r in rows]
@@ -176,23 +180,23 @@ class Projects:
         since); returns how many versions were packed. Off every request's path.
         A version that fails is logged and tried again later, at most
         ``_PACK_ATTEMPTS`` times; it never keeps the others waiting."""
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             rows = conn.execute(sa.select(V.c.id, V.c.code_manifest_key)
                                 .where(V.c.packed_at.is_(None), V.c.pack_attempts < _PACK_ATTEMPTS)
                                 .order_by(V.c.pack_attempts, V.c.created_at).limit(limit)).all()
         packed = 0
         for r in rows:  # one packer per version at a time, across processes
-            with self.b.try_lock(f"pack:{r.id}", 600, busy=E.DraftstoreError) as held:
+            with self.coordination.try_lock(f"pack:{r.id}", 600, busy=E.DraftstoreError) as held:
                 if not held:
                     continue
                 try:
                     self.packing.write(Digest(r.code_manifest_key))
-                    with self.b.tx() as conn:
+                    with self.db.tx() as conn:
                         conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
                     packed += 1
                 except E.DraftstoreError as exc:
                     log.warning("packing version %s failed (attempt left for later): %s", r.id, exc)
-                    with self.b.tx() as conn:
+                    with self.db.tx() as conn:
                         conn.execute(V.update().where(V.c.id == r.id).values(pack_attempts=V.c.pack_attempts + 1))
         return packed
 
@@ -205,7 +209,7 @@ class Projects:
         Returns how many trees were packed. A tree that fails for a reason other than
         an unavailable backend is logged and skipped for the rest of this process's
         life (the draft reads file by file meanwhile)."""
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             roots = conn.execute(
                 sa.select(D.c.code_manifest_key).distinct()
                 .where(D.c.closed_at.is_(None), D.c.code_manifest_key != EMPTY_TREE,
@@ -215,7 +219,7 @@ class Projects:
                 .limit(limit)).scalars().all()
         packed = 0
         for root in roots:  # one packer per tree at a time, across processes
-            with self.b.try_lock(f"pack-tree:{root}", 600, busy=E.DraftstoreError) as held:
+            with self.coordination.try_lock(f"pack-tree:{root}", 600, busy=E.DraftstoreError) as held:
                 if not held:
                     continue
                 try:
@@ -231,7 +235,7 @@ class Projects:
 
     def page(self, cursor: str | None, limit: int | None) -> Page[Project]:
         n = paging.limit(limit)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             rows = conn.execute(paging.by_creation(P, "projects", cursor, n)).all()
         return paging.page("projects", rows, n, lambda r: (aware(r.created_at), r.id), project_record)
 
@@ -251,7 +255,7 @@ class Projects:
         order of the integer column ``order``; ``project.not_found`` if there is no such project."""
         n = paging.limit(limit)
         kind, after, order_by = paging.numbered(kind, order, cursor, newest_first)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
             rows = conn.execute(sa.select(*(columns or [table])).where(table.c.project_id == project_id, after)
                                 .order_by(order_by).limit(n + 1)).all()
@@ -263,7 +267,7 @@ class Projects:
         (``version.published``), each rollback (``head.moved``), each discarded draft
         (``draft.discarded``), each revert of the draft to a turn's start
         (``draft.reverted``). For a stream whose buffer was lost."""
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
             moves = conn.execute(
                 sa.select(H.c.reason, H.c.to_version_id, H.c.at, V.c.number)
@@ -301,7 +305,7 @@ class Projects:
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:
         actor = check.actor(actor)
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             project = self.load(conn, project_id, lock=True)
             now = utcnow()  # after the lock: head moves are stamped in the order they happen
             version = self.load_version(conn, version_id, project_id)
@@ -312,5 +316,6 @@ class Projects:
             result = project_record(self.load(conn, project_id))
         if moved:  # a rollback to the head itself moves nothing, and says nothing
             # ``at`` (the head move's own time) tells two moves to the same version apart
-            self.b.emit(f"project:{project_id}", "head.moved", {"to_version_id": version_id, "at": now.isoformat()})
+            self.coordination.emit(f"project:{project_id}", "head.moved",
+                                   {"to_version_id": version_id, "at": now.isoformat()})
         return result

@@ -18,13 +18,16 @@ import sqlalchemy as sa
 from . import errors as E
 from . import faults
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import D, P, T, utcnow
+from .deferred import retry_unlocked
 from .drafts import Drafts, draft_record
 from .projects import Projects
 from .records import (Draft, DraftClosedReason, DraftStatus, HeadMoveReason, Turn, TurnEndReason, TurnStatus, Version,
                       aware)
 from .sealing import Sealing
+from .settings import Settings
 from .turns import Turns
 
 __all__ = ["Publishing"]
@@ -33,9 +36,12 @@ log = logging.getLogger("draftstore")
 
 
 class Publishing:
-    def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing, turns: Turns,
-                 snapshots: Any = None) -> None:
-        self.b = b
+    def __init__(self, db: Database, coordination: Coordination, settings: Settings, projects: Projects,
+                 drafts: Drafts, sealing: Sealing, turns: Turns, snapshots: Any = None) -> None:
+        self.db = db
+        self.coordination = coordination
+        self.settings = settings
+        self.limits = settings.limits
         self.snapshots = snapshots
         self.projects = projects
         self.drafts = drafts
@@ -44,14 +50,14 @@ class Publishing:
 
     def publish(self, project_id: str, summary: str, force: bool, actor: str | None) -> Version:
         check.project_id(project_id)
-        summary = check.text("summary", summary, max_bytes=self.b.limits.max_message_bytes)
+        summary = check.text("summary", summary, max_bytes=self.limits.max_message_bytes)
         actor = check.actor(actor)
         check.flag("force", force)
         # the overlay is empty unless a writer of an older release died: then it is folded here
         fold = self.sealing.prepare_open(project_id)
 
         def attempt() -> Version:
-            with self.b.tx() as conn:
+            with self.db.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
                 draft = self.drafts.lock_open(conn, project, "publish")
                 now = utcnow()  # after the locks: head moves are stamped in the order they happen
@@ -73,17 +79,18 @@ class Publishing:
                     actor=actor, now=now, reason=HeadMoveReason.PUBLISH)
                 self._close(conn, project_id, draft.id, DraftClosedReason.PUBLISHED, actor, now,
                             published_version_id=version.id)
-                if self.snapshots is not None and self.b.settings.snapshot_on_publish:
+                if self.snapshots is not None and self.settings.snapshot_on_publish:
                     self.snapshots.schedule(conn, project_id, version.id, root)  # built later, off this path
                 faults.point("publish.before_commit")
             return version
 
         try:
-            version = self.b.retry_unlocked(attempt)
+            version = retry_unlocked(attempt)
         finally:
             fold.settle()
         faults.point("publish.after_commit")
-        self.b.emit(f"project:{project_id}", "version.published", {"version_id": version.id, "number": version.number})
+        self.coordination.emit(f"project:{project_id}", "version.published",
+                               {"version_id": version.id, "number": version.number})
         return version
 
     def discard(self, project_id: str, actor: str | None) -> Draft:
@@ -93,7 +100,7 @@ class Publishing:
 
         def attempt() -> tuple[Draft, Turn | None]:
             ended: Turn | None = None
-            with self.b.tx() as conn:
+            with self.db.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
                 now = utcnow()  # after the lock: a discard is stamped in the order it happens (as head moves are)
                 draft = self.drafts.lock_open(conn, project, "discard")
@@ -109,12 +116,12 @@ class Publishing:
             return result, ended
 
         try:
-            result, rolled_back = self.b.retry_unlocked(attempt)
+            result, rolled_back = retry_unlocked(attempt)
         finally:
             fold.settle()
         if rolled_back is not None:
             self.turns.ended(rolled_back)
-        self.b.emit(f"project:{project_id}", "draft.discarded", {"draft_id": result.id})
+        self.coordination.emit(f"project:{project_id}", "draft.discarded", {"draft_id": result.id})
         return result
 
     def _close(self, conn: Any, project_id: str, draft_id: str, reason: DraftClosedReason, actor: str | None,
@@ -128,14 +135,14 @@ class Publishing:
         """Release drafts left ``publishing`` longer than ``publishing_stuck_s``
         (only an older release could leave one: publish is one transaction now)."""
         now = utcnow()
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             stuck = conn.execute(sa.select(D.c.id, D.c.status_changed_at).where(
                 D.c.status == DraftStatus.PUBLISHING.value, D.c.closed_at.is_(None))).all()
         released = 0
         for draft_id, changed in stuck:
-            if (now - aware(changed)).total_seconds() <= self.b.settings.publishing_stuck_s:  # type: ignore[operator]
+            if (now - aware(changed)).total_seconds() <= self.settings.publishing_stuck_s:  # type: ignore[operator]
                 continue
-            with self.b.tx() as conn:
+            with self.db.tx() as conn:
                 released += conn.execute(D.update().where(
                     D.c.id == draft_id, D.c.status == DraftStatus.PUBLISHING.value, D.c.closed_at.is_(None),
                 ).values(status=DraftStatus.INTERRUPTED, status_changed_at=now)).rowcount

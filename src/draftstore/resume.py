@@ -29,7 +29,7 @@ import sqlalchemy as sa
 from . import errors as E
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .database import Database
 from .db.tables import T
 from .diff import diff_views
 from .digest import EMPTY_TREE
@@ -47,8 +47,10 @@ from .records import (
     end_reason_of,
     json_default,
 )
+from .settings import Settings
 from .states import States
 from .toolcalls import ToolCalls
+from .trees import TreeReader
 from .view import View
 
 __all__ = ["MAX_TURNS_LIMIT", "Resume"]
@@ -92,8 +94,12 @@ def _bound(name: str, value: Any, default: int, low: int, high: int | None) -> i
 
 
 class Resume:
-    def __init__(self, b: Backends, states: States, toolcalls: ToolCalls) -> None:
-        self.b = b
+    def __init__(self, db: Database, trees: TreeReader, settings: Settings, states: States,
+                 toolcalls: ToolCalls) -> None:
+        self.db = db
+        self.trees = trees
+        self.settings = settings
+        self.limits = settings.limits
         self.states = states
         self.toolcalls = toolcalls
 
@@ -101,10 +107,10 @@ class Resume:
                 cursor: str | None = None) -> ResumeContext:
         """One page of the resume context of ``turn_id`` (module docstring). Reads only."""
         check.turn_id(turn_id)
-        n = _bound("max_turns", max_turns, self.b.settings.resume_max_turns, 1, MAX_TURNS_LIMIT)
-        budget = _bound("max_bytes", max_bytes, self.b.settings.resume_max_bytes, 1, None)
+        n = _bound("max_turns", max_turns, self.settings.resume_max_turns, 1, MAX_TURNS_LIMIT)
+        budget = _bound("max_bytes", max_bytes, self.settings.resume_max_bytes, 1, None)
         key = paging.decode(_CURSOR, cursor, (int,))
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.id, T.c.project_id, T.c.draft_id, T.c.number, T.c.base_version_id)
                                 .where(T.c.id == turn_id)).first()
             if turn is None:
@@ -152,8 +158,8 @@ class Resume:
         if draft.draft_id != draft_id:  # published or discarded since: the draft as its last turn left it
             draft = self.states.view_at_turn(last_turn_id, "end")
         base = (self.states.view_at(project_id, base_version_id) if base_version_id is not None else
-                View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
-                     characters={}, world_settings={}, limits=self.b.limits, search=self.states.search))
+                View(trees=self.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
+                     characters={}, world_settings={}, limits=self.limits, search=self.states.search))
         d = diff_views(base, draft, text=False, detect_renames=False)
         by: dict[str, list[str]] = {"added": [], "modified": [], "deleted": []}
         for f in d.files:

@@ -29,10 +29,12 @@ import sqlalchemy as sa
 
 from . import errors as E
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import C, D, H, S, T, utcnow
 from .digest import Digest
 from .drafts import Drafts, draft_record
+from .objects import Objects
 from .projects import Projects
 from .records import Draft, DraftStatus, HeadMoveReason, TurnStatus
 
@@ -43,8 +45,11 @@ _BOUNDARY = sa.select(T.c.project_id, T.c.draft_id, T.c.number, T.c.continues_tu
 
 
 class Reverting:
-    def __init__(self, b: Backends, projects: Projects, drafts: Drafts) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, coordination: Coordination, projects: Projects,
+                 drafts: Drafts) -> None:
+        self.db = db
+        self.objects = objects
+        self.coordination = coordination
         self.projects = projects
         self.drafts = drafts
 
@@ -52,7 +57,7 @@ class Reverting:
         check.project_id(project_id)
         check.turn_id(to_turn_id)
         actor = check.actor(actor)
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             self.projects.load(conn, project_id)  # project.not_found first, as every project operation
             turn = conn.execute(_BOUNDARY.where(T.c.id == to_turn_id)).first()
         if turn is None or turn.project_id != project_id:
@@ -61,10 +66,10 @@ class Reverting:
         if turn.pruned_at is not None or turn.start_root is None or turn.start_state_digest is None:
             raise E.StateNotFound(f"turn {to_turn_id}'s start state is no longer kept", turn_id=to_turn_id)
         # read before any row is locked (a boundary's objects never change: no need to re-read under the lock)
-        state = json.loads(self.b.blobs.get(Digest(turn.start_state_digest)))
-        files = self.b.trees.count(Digest(turn.start_root))
+        state = json.loads(self.objects.raw.get(Digest(turn.start_state_digest)))
+        files = self.objects.trees.count(Digest(turn.start_root))
 
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             project = self.projects.load(conn, project_id, lock=True)
             now = utcnow()  # after the lock: stamped in the order it happens, as head moves are
             draft = self.drafts.lock_open(conn, project, "revert")
@@ -72,7 +77,7 @@ class Reverting:
                 raise E.DraftBusy(f"draft {draft.id} is {draft.status}; a revert waits for the turn to end"
                                   if draft.status == DraftStatus.RUNNING else f"draft {draft.id} is being published",
                                   draft_id=draft.id, status=draft.status)
-            undone = conn.execute(self.b.for_update(
+            undone = conn.execute(self.db.for_update(
                 sa.select(T.c.id, T.c.status)
                 .where(T.c.draft_id == draft.id, T.c.number >= turn.number, T.c.reverted_at.is_(None))
                 .order_by(T.c.number))).all()
@@ -103,6 +108,6 @@ class Reverting:
                 to_version_id=project.current_version_id, reason=HeadMoveReason.REVERT, actor=actor,
                 turn_id=to_turn_id, at=now))
             result = draft_record(conn.execute(sa.select(D).where(D.c.id == draft.id)).one())
-        self.b.emit(f"project:{project_id}", "draft.reverted",
+        self.coordination.emit(f"project:{project_id}", "draft.reverted",
                     {"draft_id": result.id, "to_turn_id": to_turn_id, "reverted": [t.id for t in undone]})
         return result

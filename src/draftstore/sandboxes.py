@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .database import Database
 from .db.tables import SB, P, S, T, utcnow
 from .ids import new_id
 from .records import Page, SandboxSession, SandboxStatus, aware
@@ -57,8 +57,10 @@ def _status(value: Any, allowed: frozenset[SandboxStatus]) -> SandboxStatus:
 
 
 class Sandboxes:
-    def __init__(self, b: Backends, resolve: Callable[[str, str], tuple[View, str, str]]) -> None:
-        self.b = b
+    def __init__(self, db: Database, resolve: Callable[[str, str], tuple[View, str, str]], *,
+                 heartbeat_ttl_s: float) -> None:
+        self.db = db
+        self.heartbeat_ttl_s = heartbeat_ttl_s
         # (project_id, state) -> (view, source kind, source id), as snapshots name states
         self._resolve = resolve
 
@@ -79,7 +81,7 @@ class Sandboxes:
         _, kind, source_id = self._resolve(project_id, state)  # project.not_found, version.not_found, ...
         now = utcnow()
         sid = new_id()
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             if turn_id is not None:
                 self._turn_of(conn, project_id, check.turn_id(turn_id))
             if snapshot_id is not None:
@@ -106,7 +108,7 @@ class Sandboxes:
         sid = check.session_id(session_id)
         if project_id is not None:
             check.project_id(project_id)
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             row = conn.execute(sa.select(SB).where(SB.c.id == sid)).first()
         if row is None or (project_id is not None and row.project_id != project_id):
             raise E.SandboxNotFound(f"no sandbox session {sid!r}", session_id=sid)
@@ -120,7 +122,7 @@ class Sandboxes:
         stmt = paging.by_creation(SB, "sandbox_sessions", cursor, n).where(SB.c.project_id == project_id)
         if wanted is not None:
             stmt = stmt.where(SB.c.status == wanted.value)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
             rows = conn.execute(stmt).all()
@@ -131,8 +133,8 @@ class Sandboxes:
         """Record a heartbeat (``last_seen_at``), and ``status`` if given (one of ``allowed``)."""
         sid = check.session_id(session_id)
         new = None if status is None else _status(status, allowed)
-        with self.b.tx() as conn:
-            row = conn.execute(self.b.for_update(sa.select(SB).where(SB.c.id == sid))).first()
+        with self.db.tx() as conn:
+            row = conn.execute(self.db.for_update(sa.select(SB).where(SB.c.id == sid))).first()
             if row is None or (project_id is not None and row.project_id != project_id):
                 raise E.SandboxNotFound(f"no sandbox session {sid!r}", session_id=sid)
             current = SandboxStatus(row.status)
@@ -165,8 +167,8 @@ class Sandboxes:
         ``lost``. One statement, so a heartbeat that commits first keeps its session open.
         Returns how many."""
         now = utcnow()
-        cutoff = now - timedelta(seconds=self.b.settings.sandbox_heartbeat_ttl_s)
-        with self.b.tx() as conn:
+        cutoff = now - timedelta(seconds=self.heartbeat_ttl_s)
+        with self.db.tx() as conn:
             return conn.execute(SB.update().where(
                 SB.c.status.in_([s.value for s in OPEN]), SB.c.last_seen_at < cutoff,
             ).values(status=SandboxStatus.LOST.value, updated_at=now)).rowcount

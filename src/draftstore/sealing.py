@@ -31,9 +31,11 @@ from sqlalchemy.engine import Connection
 
 from . import errors as E
 from . import faults
-from .backends import Backends
+from .database import Database
 from .db.tables import C, D, P, S, T
+from .deferred import awaited, retry_unlocked
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .records import TurnStatus
 from .trees import FileEntry, SealPlan, file_entry
 
@@ -78,15 +80,16 @@ def _overlay_of(draft: Any, *extra: Any) -> Any:
 
 
 class Sealing:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects) -> None:
+        self.db = db
+        self.objects = objects
         key = sa.bindparam("key")
         self._overlay = _overlay_of(sa.bindparam("draft_id"))
         self._of_draft = _overlay_of(key)
         self._of_project = _overlay_of(sa.select(P.c.active_draft_id).where(P.c.id == key).scalar_subquery())
         self._of_turn = _overlay_of(sa.select(T.c.draft_id).where(T.c.id == key).scalar_subquery(),
                                     sa.select(T.c.status).where(T.c.id == key).scalar_subquery().label("status"))
-        self._lock = b.for_update(
+        self._lock = db.for_update(
             sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.revision, D.c.status, D.c.file_count,
                       D.c.closed_at, D.c.characters_json, D.c.world_settings_json)
             .where(D.c.id == sa.bindparam("draft_id")))
@@ -98,7 +101,7 @@ class Sealing:
     def _prepare(self, stmt: Any, key: str, also: Any = None) -> Fold:
         """Read the overlay (one statement, one snapshot), plan its fold, start the upload.
         ``also``: a statement on ``key`` run on the same connection (its first row: ``Fold.also``)."""
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             rows = conn.execute(stmt, {"key": key}).all()
             extra = conn.execute(also, {"key": key}).first() if also is not None else None
         if not rows:
@@ -131,8 +134,8 @@ class Sealing:
             r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.path is not None}
         if not changes:
             return Fold(draft_id, root, revision, 0, None, None)
-        plan = self.b.trees.plan(root, changes)
-        upload = self.b.upload(self.b.trees.store, plan)
+        plan = self.objects.trees.plan(root, changes)
+        upload = self.objects.upload(self.objects.trees.store, plan)
         return Fold(draft_id, root, revision, len(changes), plan, upload)
 
     def apply(self, conn: Connection, fold: Fold, locked: Any) -> tuple[Digest, int]:
@@ -143,7 +146,7 @@ class Sealing:
         Returns (root, files in it). Waits for the tree objects to be stored
         (an upload failure raises and so rolls the transaction back), for
         ``LOCKED_WAIT_S`` at most: the caller runs its transaction under
-        ``Backends.retry_unlocked``, which waits for the rest with nothing locked.
+        ``deferred.retry_unlocked``, which waits for the rest with nothing locked.
         """
         if (locked.id, locked.code_manifest_key, locked.revision) != (fold.draft_id, fold.root, fold.revision):
             # stale: a write landed since (or another draft is open): fold again under the lock, and keep
@@ -163,7 +166,7 @@ class Sealing:
                                       S.c.source_id == locked.id, S.c.status == "ready", S.c.root != new)
                      .values(status="stale"))
         if fold.upload is not None:
-            self.b.awaited(fold.upload)  # the caller runs its transaction with ``Backends.retry_unlocked``
+            awaited(fold.upload)  # the caller runs its transaction with ``deferred.retry_unlocked``
         return new, files
 
     def seal(self, draft_id: str) -> Digest:
@@ -176,7 +179,7 @@ class Sealing:
             return fold.root
 
         def attempt() -> Digest:
-            with self.b.tx() as conn:
+            with self.db.tx() as conn:
                 locked = self.lock(conn, draft_id)
                 if locked is None:
                     raise E.DraftNone(f"no draft {draft_id!r}", draft_id=draft_id)
@@ -184,6 +187,6 @@ class Sealing:
                 return root
 
         try:
-            return self.b.retry_unlocked(attempt)
+            return retry_unlocked(attempt)
         finally:
             fold.settle()

@@ -29,13 +29,16 @@ from . import errors as E
 from . import faults
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import D, P, S, utcnow
 from .digest import Digest
 from .dirwriter import DirectoryWriter
 from .ids import new_id
+from .objects import Objects
 from .packing import Packing
 from .records import Page, Snapshot, SnapshotStatus, aware
+from .settings import Limits
 from .view import View
 
 __all__ = ["Snapshots", "Materialized"]
@@ -68,8 +71,12 @@ def snapshot_record(r: Any) -> Snapshot:
 
 
 class Snapshots:
-    def __init__(self, b: Backends, packing: Packing, resolve: Callable[[str, str], tuple[View, str, str]]) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, coordination: Coordination, limits: Limits, packing: Packing,
+                 resolve: Callable[[str, str], tuple[View, str, str]]) -> None:
+        self.db = db
+        self.objects = objects
+        self.coordination = coordination
+        self.limits = limits
         self.packing = packing
         # (project_id, state) -> (view, source kind, source id)
         self._resolve = resolve
@@ -77,7 +84,7 @@ class Snapshots:
     # -- rows -----------------------------------------------------------------------------
     def list(self, project_id: str) -> list[Snapshot]:
         check.project_id(project_id)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             _project_exists(conn, project_id)
             rows = conn.execute(sa.select(S).where(S.c.project_id == project_id)
                                 .order_by(S.c.created_at, S.c.id)).all()
@@ -86,7 +93,7 @@ class Snapshots:
     def page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Snapshot]:
         check.project_id(project_id)
         n = paging.limit(limit)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             _project_exists(conn, project_id)
             rows = conn.execute(paging.by_creation(S, "snapshots", cursor, n)
                                 .where(S.c.project_id == project_id)).all()
@@ -103,12 +110,12 @@ class Snapshots:
         return sid
 
     def _get(self, snapshot_id: str) -> Snapshot:
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             row = conn.execute(sa.select(S).where(S.c.id == snapshot_id)).one()
         return snapshot_record(row)
 
     def _mark(self, snapshot_id: str, status: SnapshotStatus, **values: Any) -> None:
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             conn.execute(S.update().where(S.c.id == snapshot_id).values(status=status, finished_at=utcnow(), **values))
             if status == SnapshotStatus.READY:
                 row = conn.execute(sa.select(S.c.source_kind, S.c.source_id, S.c.root)
@@ -123,7 +130,7 @@ class Snapshots:
         """Record a snapshot kept outside draftstore (e.g. a sandbox provider's id) as ready."""
         ref = check.text("external_ref", external_ref, max_chars=1024)
         view, kind, source_id = self._sealed(project_id, state)
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             sid = self._insert(conn, project_id, kind, source_id, view.root, SnapshotStatus.READY, ref)
         return self._get(sid)
 
@@ -145,7 +152,7 @@ class Snapshots:
         if view.overlay:
             return None
         external_first = sa.case((S.c.external_ref.is_not(None), 0), else_=1)
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             row = conn.execute(sa.select(S).where(
                 S.c.project_id == project_id, S.c.root == str(view.root), S.c.status == SnapshotStatus.READY.value,
                 sa.or_(S.c.external_ref.is_not(None), S.c.bundle_key.is_not(None)),
@@ -156,7 +163,7 @@ class Snapshots:
     def create(self, project_id: str, state: str = "head", progress: Progress | None = None) -> Snapshot:
         """Build a snapshot of ``state`` now ("head", "draft" or a version id)."""
         view, kind, source_id = self._sealed(project_id, state)
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             sid = self._insert(conn, project_id, kind, source_id, view.root, SnapshotStatus.PENDING)
         return self._build(sid, view, progress)
 
@@ -164,12 +171,12 @@ class Snapshots:
         """Build up to ``limit`` pending snapshots (scheduled by publish, or left pending by a
         builder that died); returns how many were built. Each is built from the root its row
         names."""
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             rows = conn.execute(sa.select(S).where(S.c.status == SnapshotStatus.PENDING.value)
                                 .order_by(S.c.created_at).limit(limit)).all()
         built = 0
         for r in rows:  # one builder per snapshot at a time, across processes
-            with self.b.try_lock(f"snapshot:{r.id}", 600) as held:
+            with self.coordination.try_lock(f"snapshot:{r.id}", 600) as held:
                 if not held:
                     continue
                 try:
@@ -177,9 +184,9 @@ class Snapshots:
                         continue
                     # the tree the row names, whatever became of its source since (a draft moves on;
                     # building the draft as it is now under the row's root would be a wrong tree)
-                    view = View(trees=self.b.trees, project_id=r.project_id, kind=r.source_kind,
+                    view = View(trees=self.objects.trees, project_id=r.project_id, kind=r.source_kind,
                                 root=Digest(r.root), overlay={}, characters=None, world_settings=None,
-                                limits=self.b.limits)
+                                limits=self.limits)
                     if self._build(r.id, view, None).status == SnapshotStatus.READY:
                         built += 1
                 except E.DraftstoreError as exc:  # recorded on the row; the next one is still built
@@ -189,7 +196,7 @@ class Snapshots:
     def _build(self, snapshot_id: str, view: View, progress: Progress | None) -> Snapshot:
         try:
             bundle, files = self._bundle(view, progress)
-            key = self.b.blobs.put(bundle)
+            key = self.objects.raw.put(bundle)
             faults.point("snapshot.after_upload")
         except E.DraftstoreError as exc:
             self._mark(snapshot_id, SnapshotStatus.FAILED, error=str(exc)[:2000])
@@ -205,7 +212,7 @@ class Snapshots:
         with zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False) as z, \
                 tarfile.open(fileobj=z, mode="w|", format=tarfile.PAX_FORMAT) as tar:
             for i, chunk in enumerate(_chunks(files)):
-                contents = self.b.objects.get_many([st.digest for _, st in chunk])
+                contents = self.objects.pack_aware.get_many([st.digest for _, st in chunk])
                 for path, st in chunk:
                     info = tarfile.TarInfo(path)
                     info.size, info.mode, info.mtime = st.size, 0o755 if st.executable else 0o644, 0
@@ -232,11 +239,11 @@ class Snapshots:
         snap = self._usable(view) if use_snapshot else None
         if snap is not None:
             # the bundle's GET runs beside the walk of the tree every member is checked against
-            bundle = self.b.beside(self.b.blobs.get, Digest(snap.bundle_key))
+            bundle = self.objects.beside(self.objects.raw.get, Digest(snap.bundle_key))
             # the packs holding the tree's nodes in parallel, not node by node; a tree that
             # cannot be read fails here, and says so: it is not the bundle's fault
             self.packing.prefetch(view.root, kinds={"tree"})
-            expected = self.b.trees.files(view.root)  # a snapshot is only used without an overlay
+            expected = self.objects.trees.files(view.root)  # a snapshot is only used without an overlay
             try:
                 written = self._extract(bundle.result(), expected, dest, progress)
                 return Materialized("snapshot", *written, view.root, snap.id, kind, source_id,
@@ -253,7 +260,7 @@ class Snapshots:
         marked stale when its tree changed: ``Sealing.apply``)."""
         if view.overlay:
             return None
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             row = conn.execute(sa.select(S).where(S.c.project_id == view.project_id, S.c.root == view.root,
                                                   S.c.status == "ready", S.c.bundle_key.is_not(None))
                                .order_by(S.c.created_at.desc()).limit(1)).first()
@@ -293,7 +300,7 @@ class Snapshots:
         total = 0
         with DirectoryWriter(dest, dict(files)) as writer:
             for chunk in _chunks(files):
-                contents = self.b.objects.get_many([st.digest for _, st in chunk])
+                contents = self.objects.pack_aware.get_many([st.digest for _, st in chunk])
                 for path, st in chunk:
                     writer.write(path, contents[st.digest], st.executable)
                     total += st.size

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import sqlalchemy as sa
@@ -29,12 +30,16 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults, patches
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import C, D, T
+from .deferred import awaited, retry_unlocked
 from .digest import Digest, digest_of
+from .objects import Objects
 from .patches import merge_patch
 from .paths import normalize_path, parent_dirs
 from .records import TurnStatus
+from .settings import Limits
 from .trees import CachedNodes, FileEntry, StagedTree, file_entry
 
 __all__ = ["Staging", "merge_patch"]
@@ -45,6 +50,15 @@ _UNLOCKED_PATCH_ATTEMPTS = 3
 # above this many paths, a batch reads the whole overlay instead of targeted rows
 _TARGETED_OVERLAY_MAX = 16
 _RUNNING = TurnStatus.RUNNING.value
+
+
+@dataclass(frozen=True, slots=True)
+class _Move:
+    """A change that puts the file at ``src`` (as the draft holds it before the change) at
+    the changed path; ``overwrite``: the path may already hold a file, which it replaces."""
+
+    src: str
+    overwrite: bool
 
 
 class _Changed(Exception):
@@ -62,8 +76,11 @@ def _overlay_condition(n_paths: int) -> Any:
 
 
 class Staging:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, coordination: Coordination, limits: Limits) -> None:
+        self.db = db
+        self.objects = objects
+        self.coordination = coordination
+        self.limits = limits
         # a write's first statement: lock the draft of the turn, bump its revision
         self._lock_draft = (
             D.update()
@@ -74,7 +91,7 @@ class Staging:
         )
         self._turn_status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
         self._status_and_overlay: dict[int | None, Any] = {}
-        if b.sqlite:
+        if db.sqlite:
             from sqlalchemy.dialects.sqlite import insert
         else:
             from sqlalchemy.dialects.postgresql import insert
@@ -136,65 +153,66 @@ class Staging:
     def write_file(self, turn_id: str, path: str, data: bytes | str, executable: bool = False) -> None:
         check.turn_id(turn_id)
         check.flag("executable", executable)
-        p = normalize_path(path, self.b.limits)
-        self._apply(turn_id, {p: check.file_data(p, data, self.b.limits)}, frozenset([p] if executable else ()))
+        p = normalize_path(path, self.limits)
+        self._apply(turn_id, {p: check.file_data(p, data, self.limits)}, frozenset([p] if executable else ()))
 
     def delete_file(self, turn_id: str, path: str) -> None:
         check.turn_id(turn_id)
-        self._apply(turn_id, {normalize_path(path, self.b.limits): None})
+        self._apply(turn_id, {normalize_path(path, self.limits): None})
 
     def move_file(self, turn_id: str, src: str, dst: str, overwrite: bool = False) -> None:
         check.turn_id(turn_id)
         check.flag("overwrite", overwrite)
-        s = normalize_path(src, self.b.limits)
-        d = normalize_path(dst, self.b.limits)
+        s = normalize_path(src, self.limits)
+        d = normalize_path(dst, self.limits)
         if s == d:
             raise E.PathConflict("move source and destination are the same path", path=s)
-        self._apply(turn_id, {s: None, d: ("move", s, overwrite)})
+        self._apply(turn_id, {s: None, d: _Move(s, overwrite)})
 
     def apply_changes(self, turn_id: str, changes: Mapping[str, bytes | str | None],
                       executable: Any = ()) -> None:
         check.turn_id(turn_id)
-        cleaned = check.batch(changes, self.b.limits.max_batch_files, "changes", self.b.limits)
+        cleaned = check.batch(changes, self.limits.max_batch_files, "changes", self.limits)
         self._apply(turn_id, cleaned, check.executables(executable, cleaned))
 
-    def _apply(self, turn_id: str, changes: dict[str, Any], executable: frozenset[str] = frozenset()) -> None:
+    def _apply(self, turn_id: str, changes: Mapping[str, bytes | _Move | None],
+               executable: frozenset[str] = frozenset()) -> None:
         if not changes:
             return
         writes = [(p, v) for p, v in changes.items() if isinstance(v, bytes)]
         stored = {p: FileEntry(digest_of(v), len(v), p in executable) for p, v in writes}
         faults.point("write.before_upload")
-        upload = self.b.upload(self.b.blobs.put_many, [v for _, v in writes]) if writes else None
-        nodes = CachedNodes(self.b.trees)  # the checks under the lock read no node from the blob store
+        upload = self.objects.upload(self.objects.raw.put_many, [v for _, v in writes]) if writes else None
+        nodes = CachedNodes(self.objects.trees)  # the checks under the lock read no node from the blob store
         try:
-            self.b.retry_unlocked(lambda: self._apply_rows(turn_id, changes, stored, upload, nodes))
+            retry_unlocked(lambda: self._apply_rows(turn_id, changes, stored, upload, nodes))
         finally:
             if upload is not None and not upload.done():
                 upload.cancel() or upload.exception()  # never leave an upload running past the call
         faults.point("write.after_commit")
-        self.b.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
+        self.coordination.emit(f"turn:{turn_id}", "draft.changed", {"turn_id": turn_id, "paths": sorted(changes)[:100]})
 
-    def _apply_rows(self, turn_id: str, changes: dict[str, Any], stored: dict[str, FileEntry],
+    def _apply_rows(self, turn_id: str, changes: Mapping[str, bytes | _Move | None], stored: dict[str, FileEntry],
                     upload: Future[Any] | None, nodes: CachedNodes) -> None:
-        limits = self.b.limits
-        with self.b.tx() as conn:
+        limits = self.limits
+        with self.db.tx() as conn:
             draft, overlay = self._lock_with_overlay(conn, turn_id, list(changes))
             state = StagedTree(nodes, Digest(draft.code_manifest_key), overlay)
             moved = {}
             for value in changes.values():
-                if isinstance(value, tuple):  # ("move", src, overwrite): resolved before the source is deleted
-                    src_file = state.file(value[1])
+                if isinstance(value, _Move):  # resolved before the source is deleted
+                    src_file = state.file(value.src)
                     if src_file is None:
-                        raise E.PathNotFound(f"no file {value[1]!r} to move", path=value[1])
-                    moved[value[1]] = src_file
+                        raise E.PathNotFound(f"no file {value.src!r} to move", path=value.src)
+                    moved[value.src] = src_file
             rows: list[dict[str, Any]] = []
             delta = 0
             # deletions (and move sources) first, so a batch may replace a directory by a file
             for path, value in sorted(changes.items(), key=lambda kv: kv[1] is not None):
-                entry: FileEntry | None = moved[value[1]] if isinstance(value, tuple) else (
+                entry: FileEntry | None = moved[value.src] if isinstance(value, _Move) else (
                     None if value is None else stored[path])
                 existed = state.file(path) is not None
-                if existed and isinstance(value, tuple) and not value[2]:
+                if existed and isinstance(value, _Move) and not value.overwrite:
                     raise E.PathConflict(f"{path!r} exists: move with overwrite to replace it", path=path)
                 if entry is None:
                     if not existed:
@@ -218,7 +236,7 @@ class Staging:
                 conn.execute(self._add_file_count, {"draft_id": draft.id, "delta": delta})
             faults.point("write.before_commit")
             if upload is not None:
-                self.b.awaited(upload)  # raises the upload's error, which rolls the transaction back
+                awaited(upload)  # raises the upload's error, which rolls the transaction back
 
     # -- characters and world settings ---------------------------------------------------------
     def patch(self, turn_id: str, column: str, field: str, patch: Any) -> Any:
@@ -233,14 +251,14 @@ class Staging:
         if not isinstance(patch, (list, dict)):
             raise E.PatchInvalid("a patch is a JSON Patch list or a JSON Merge Patch object", field=field)
         # the patch itself must be JSON (a non-JSON value is the patch's fault, not the result's)
-        check.json_value("patch", patch, self.b.limits.max_json_state_bytes, error=E.PatchInvalid)
+        check.json_value("patch", patch, self.limits.max_json_state_bytes, error=E.PatchInvalid)
         read = sa.select(T.c.status, D.c[column]).select_from(T.join(D, D.c.id == T.c.draft_id)).where(
             T.c.id == sa.bindparam("turn_id"))
         seen: Any = None
         for attempt in range(_UNLOCKED_PATCH_ATTEMPTS + 1):
             unlocked = attempt < _UNLOCKED_PATCH_ATTEMPTS
             if unlocked:
-                with self.b.tx(read_only=True) as conn:
+                with self.db.tx(read_only=True) as conn:
                     row = conn.execute(read, {"turn_id": turn_id}).first()
                 if row is None or row.status != _RUNNING:  # the lock below says why it is refused
                     unlocked = False
@@ -248,7 +266,7 @@ class Staging:
                     seen = row[1]
                     new, text = self._patched(seen, patch, field)
             try:
-                with self.b.tx() as conn:
+                with self.db.tx() as conn:
                     draft = self._lock(conn, turn_id)
                     current = getattr(draft, column)
                     if not unlocked:
@@ -259,12 +277,12 @@ class Staging:
             except _Changed:
                 continue
             break
-        self.b.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
+        self.coordination.emit(f"turn:{turn_id}", f"{field}.changed", {"turn_id": turn_id})
         return new
 
     def _patched(self, current: Any, patch: Any, field: str) -> tuple[Any, check.JSONText]:
         """The patched document and its stored text; the patch's fault if it cannot be kept."""
-        limit = self.b.limits.max_json_state_bytes
+        limit = self.limits.max_json_state_bytes
         new = patches.apply(current, patch, field, limit) if isinstance(patch, list) else merge_patch(current, patch)
         # a result that is not a document the store keeps (too deep, too large) is the patch's fault
         return new, check.json_value(field, new, limit, error=E.PatchInvalid)

@@ -15,13 +15,15 @@ import sqlalchemy as sa
 from . import errors as E
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .database import Database
 from .db.tables import PK, C, D, P, T, V
 from .diff import Diff, diff_views
 from .digest import EMPTY_TREE, Digest
+from .objects import Objects
 from .projects import Projects
 from .records import TurnStatus
 from .search import CodeSearch
+from .settings import Limits
 from .trees import file_entry
 from .view import View
 
@@ -64,47 +66,49 @@ def _view_statement() -> Any:
 
 
 class States:
-    def __init__(self, b: Backends, projects: Projects, search: CodeSearch) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, limits: Limits, projects: Projects, search: CodeSearch) -> None:
+        self.db = db
+        self.objects = objects
+        self.limits = limits
         self.projects = projects
         self.search = search
         self._view = _view_statement()
 
     def _version_view(self, v: Any) -> View:
-        return View(trees=self.b.trees, project_id=v.project_id, kind="version", root=Digest(v.code_manifest_key),
+        return View(trees=self.objects.trees, project_id=v.project_id, kind="version", root=Digest(v.code_manifest_key),
                     overlay={}, characters=v.characters_json, world_settings=v.world_settings_json,
-                    version_id=v.id, limits=self.b.limits, search=self.search)
+                    version_id=v.id, limits=self.limits, search=self.search)
 
     def warm_up(self) -> None:
         """Run the view statement once, for no project: SQLAlchemy compiles it now,
         not in the first request that reads a state."""
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             conn.execute(self._view, {"project_id": ""}).all()
 
     def view(self, project_id: str) -> View:
         check.project_id(project_id)
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             rows = conn.execute(self._view, {"project_id": project_id}).all()
         head = next((r for r in rows if r.part == 0), None)
         if head is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
-        limits = self.b.limits
+        limits = self.limits
         if head.draft_id is not None and head.d_root is not None:
             overlay = {r.path: file_entry(r.digest, r.size, r.executable) for r in rows if r.part == 1}
-            return View(trees=self.b.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
+            return View(trees=self.objects.trees, project_id=project_id, kind="draft", root=Digest(head.d_root),
                         overlay=overlay, characters=head.d_chars, world_settings=head.d_world,
                         draft_id=head.draft_id, version_id=head.d_base, revision=head.d_rev, limits=limits,
                         search=self.search, summary=head.summary or "")
         if head.version_id is not None and head.v_root is not None:
-            return View(trees=self.b.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
+            return View(trees=self.objects.trees, project_id=project_id, kind="version", root=Digest(head.v_root),
                         overlay={}, characters=head.v_chars, world_settings=head.v_world,
                         version_id=head.version_id, limits=limits, search=self.search,
                         summary=head.summary or "")
-        return View(trees=self.b.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
+        return View(trees=self.objects.trees, project_id=project_id, kind="empty", root=EMPTY_TREE, overlay={},
                     characters={}, world_settings={}, limits=limits, search=self.search)
 
     def view_at(self, project_id: str, version_id: str) -> View:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             self.projects.load(conn, project_id)
             return self._version_view(self.projects.load_version(conn, version_id, project_id))
 
@@ -112,7 +116,7 @@ class States:
         check.turn_id(turn_id)
         if boundary not in ("start", "end"):
             raise E.InvalidInput('boundary is "start" or "end"', boundary=str(boundary)[:20])
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             t = conn.execute(sa.select(T.c.project_id, T.c.draft_id, T.c.status, T.c.start_root, T.c.end_root,
                                        T.c.start_state_digest, T.c.end_state_digest, T.c.pruned_at)
                              .where(T.c.id == turn_id)).first()
@@ -129,10 +133,10 @@ class States:
                                            turn_id=turn_id, status=t.status)
             raise E.StateNotFound(f"turn {turn_id} ({t.status}) has no recorded {boundary} state",
                                  turn_id=turn_id, status=t.status)
-        state = json.loads(self.b.blobs.get(Digest(state_digest)))
-        return View(trees=self.b.trees, project_id=t.project_id, kind=f"turn_{boundary}", root=Digest(root),
+        state = json.loads(self.objects.raw.get(Digest(state_digest)))
+        return View(trees=self.objects.trees, project_id=t.project_id, kind=f"turn_{boundary}", root=Digest(root),
                     overlay={}, characters=state["characters"], world_settings=state["world_settings"],
-                    draft_id=t.draft_id, limits=self.b.limits, search=self.search)
+                    draft_id=t.draft_id, limits=self.limits, search=self.search)
 
     def resolve(self, ref: View | str) -> View:
         if isinstance(ref, View):
@@ -150,7 +154,7 @@ class States:
         if kind == "turn" and rest:
             turn_id, _, boundary = rest.partition(":")
             return self.view_at_turn(turn_id, boundary or "end")
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             return self._version_view(self.projects.load_version(conn, ref))
 
     def state_of(self, project_id: str, state: str) -> tuple[View, str, str]:

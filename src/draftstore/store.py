@@ -14,7 +14,10 @@
     ├── snapshots   sandbox snapshots, the best one of a state, materialise (snapshots.py)
     ├── sandboxes   sandbox sessions: open, heartbeat, close, lost (sandboxes.py)
     └── states      views, pinned views, references, diffs        (states.py)
-    all sharing one Backends: engine, blob store, coordinator     (backends.py)
+    each built from the narrow handles it uses, passed to its constructor:
+    ├── Database      engine, transactions, one-shot statements, group commit   (database.py)
+    ├── Objects       blob store (raw), pack-aware reader, trees, upload pool   (objects.py)
+    └── Coordination  coordinator, event publisher, activity                    (coordination.py)
 
 Correctness comes from the relational database alone: each operation is one
 transaction guarded by row locks and compare-and-swap on rows; the blob store
@@ -25,44 +28,48 @@ heartbeats and may be flushed at any time.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from sqlalchemy import exc as sa_exc
 from sqlalchemy.engine import Engine
 
 from . import errors as E
-from .backends import Backends
+from . import idprefix
 from .blobs import BlobStore, ObjectCache, open_blob_store
 from .coord import Coordinator, open_coordinator
 from .coord.base import Event
+from .coordination import Coordination
+from .database import Database
 from .db.engine import create_db_engine, is_sqlite
 from .db.migrate import check_schema, upgrade
-from .diff import Diff
-from .events import MAX_PAGE as MAX_EVENT_PAGE
-from .drafts import Drafts
-from . import idprefix
-from .projects import Projects
-from .publishing import Publishing
-from .reverting import Reverting
-from .sandboxes import Sandboxes
 from .deltas import Deltas
-from .records import (ContinuedTurn, Draft, HeadMove, Page, Project, ResumeContext, SandboxSession, SandboxStatus,
-                      Snapshot, ToolCall, Turn, TurnEndReason, Version)
+from .diff import Diff
+from .drafts import Drafts
+from .events import MAX_PAGE as MAX_EVENT_PAGE
+from .events import Activity
 from .fsck import FsckReport
 from .gc import GCStats, Retention
 from .maintenance import Maintenance
+from .objects import Objects
 from .packing import Packing
+from .packlocator import PackLocator
+from .projects import Projects
+from .publishing import Publishing
+from .records import (ContinuedTurn, Draft, HeadMove, Page, Project, ResumeContext, SandboxSession, SandboxStatus,
+                      Snapshot, ToolCall, Turn, TurnEndReason, Version)
+from .resume import Resume
+from .reverting import Reverting
+from .sandboxes import Sandboxes
 from .search import PackedIndexes, Planner
 from .sealing import Sealing
 from .settings import Settings
-from .staging import Staging
 from .snapshots import Materialized, Snapshots
+from .staging import Staging
 from .states import States
 from .tokens import Tokens
 from .toolcalls import ToolCalls
 from .turns import Turns
-from .resume import Resume
 from .view import View
 
 __all__ = ["Store"]
@@ -85,31 +92,41 @@ class Store:
     ) -> None:
         settings = settings or Settings.load()
         cache = cache if cache is not None else getattr(blobs, "cache", ObjectCache(settings.cache_bytes))
-        self._b = b = Backends(engine, blobs, coord, settings, cache)
         self.settings, self.limits = settings, settings.limits
-        self.engine, self.blobs, self.coord, self.cache, self.trees = engine, blobs, coord, cache, b.trees
         #: work running on this store in this process: ``with store.activity.running(): ...`` marks a
         #: span (the service marks each hot request); background work (event appends) waits for a gap
-        self.activity = b.activity
-        sealing = Sealing(b)
-        self._packing = Packing(b)
-        b.locate = self._packing.locate
-        self._projects = Projects(b, self._packing)
-        self._drafts = Drafts(b)
-        self._staging = Staging(b)
-        self._toolcalls = ToolCalls(b)
-        self._turns = Turns(b, self._projects, self._drafts, sealing, self._toolcalls, Deltas(b))
+        self.activity = activity = Activity()
+        # the three handles, each whole when built: the pack locator reads the database, the
+        # pack-aware reader is handed the locator, and the components get only what they use
+        #: the relational database handle: ``engine`` (transactions), ``autocommit`` (the pool of
+        #: one-statement connections), ``group_commit`` (its counters say how records were grouped)
+        self.database = db = Database(engine, activity, group_commit=settings.group_commit)
+        self._objects = objects = Objects(blobs, cache, PackLocator(db).locate,
+                                          pack_cache_bytes=settings.pack_cache_bytes,
+                                          upload_threads=settings.upload_threads)
+        self._coordination = coordination = Coordination(coord, activity, event_ttl_s=settings.event_ttl_s)
+        self.engine, self.blobs, self.coord, self.cache, self.trees = engine, blobs, coord, cache, objects.trees
+        limits = settings.limits
+        sealing = Sealing(db, objects)
+        self._packing = Packing(db, objects)
+        self._projects = Projects(db, coordination, limits, self._packing)
+        self._drafts = Drafts(db)
+        self._staging = Staging(db, objects, coordination, limits)
+        self._toolcalls = ToolCalls(db, objects, coordination, limits)
+        self._turns = Turns(db, objects, coordination, settings, self._projects, self._drafts, sealing,
+                            self._toolcalls, Deltas(db, coordination, limits))
         #: API tokens of the HTTP service: ``create``, ``page``, ``revoke``, ``authenticate``
-        self.tokens = Tokens(b)
-        search = Planner(PackedIndexes(packs=self._packing, blobs=b.blobs, objects=b.objects, cache=b.cache,
-                                       in_parallel=b.in_parallel))
-        self._states = States(b, self._projects, search)
-        self._snapshots = Snapshots(b, self._packing, self._states.state_of)
-        self._sandboxes = Sandboxes(b, self._states.state_of)
-        self._resume = Resume(b, self._states, self._toolcalls)
-        self._maintenance = Maintenance(b)
-        self._publishing = Publishing(b, self._projects, self._drafts, sealing, self._turns, self._snapshots)
-        self._reverting = Reverting(b, self._projects, self._drafts)
+        self.tokens = Tokens(db)
+        search = Planner(PackedIndexes(packs=self._packing, blobs=objects.raw, objects=objects.pack_aware,
+                                       cache=objects.cache, in_parallel=objects.in_parallel))
+        self._states = States(db, objects, limits, self._projects, search)
+        self._snapshots = Snapshots(db, objects, coordination, limits, self._packing, self._states.state_of)
+        self._sandboxes = Sandboxes(db, self._states.state_of, heartbeat_ttl_s=settings.sandbox_heartbeat_ttl_s)
+        self._resume = Resume(db, objects.trees, settings, self._states, self._toolcalls)
+        self._maintenance = Maintenance(db, objects, settings)
+        self._publishing = Publishing(db, coordination, settings, self._projects, self._drafts, sealing,
+                                      self._turns, self._snapshots)
+        self._reverting = Reverting(db, objects, coordination, self._projects, self._drafts)
 
     # ------------------------------------------------------------------ opening
     @classmethod
@@ -161,7 +178,7 @@ class Store:
         """Compile the statements of a first read (a view, the pack rows of a tree) and
         start the read pool on open, so the first request does not pay it. Failures are
         left to that request."""
-        self._b.start_readers()
+        self._objects.start_readers()
         try:
             self._states.warm_up()
             self._packing.warm_up()
@@ -174,7 +191,10 @@ class Store:
         return cls.open()
 
     def close(self) -> None:
-        self._b.close()
+        """Wait for the uploads, reads and event appends in flight, then close the backends."""
+        self._objects.close()
+        self._coordination.close()
+        self.database.close()
 
     def __enter__(self) -> "Store":
         return self
@@ -209,7 +229,7 @@ class Store:
         """The full id of the ``kind`` record (project, version, turn, token,
         snapshot) whose id starts with ``text`` (a unique prefix of at least 6
         characters). Raises ``input.invalid`` or the kind's not-found code."""
-        return idprefix.resolve(self._b, kind, text, project_id=project_id)
+        return idprefix.resolve(self.database, kind, text, project_id=project_id)
 
     def list_projects(self) -> list[Project]:
         """Every project, oldest first."""
@@ -636,8 +656,23 @@ class Store:
                 "sandboxes_lost": self._sandboxes.mark_lost()}
 
     def check_backends(self) -> dict[str, str | None]:
-        """Each backend (``database``, ``blobs``, ``coordinator``) -> None if usable, else why not."""
-        return self._b.check()
+        """Each backend (``database``, ``blobs``, ``coordinator``) -> None if usable, else why not.
+        Never raises: a probe that fails is reported (for readiness probes)."""
+        return {name: _probe(ping) for name, ping in (("database", self.database.ping), ("blobs", self._objects.ping),
+                                                      ("coordinator", self._coordination.ping))}
+
+    # ------------------------------------------------------------------- memory
+    def clear_caches(self) -> None:
+        """Forget every object, tree and pack this store holds in memory, so the next
+        reads fetch from the blob store (what a fresh process would do). Objects are
+        immutable: reads return the same before and after; nothing stored changes."""
+        self._objects.clear_caches()
+
+    def cached_packs(self) -> frozenset[str]:
+        """Digests of the packs this store holds decoded in memory: packs a read
+        fetched whole (a read that needed a few files of a pack fetches only their
+        frames, and leaves the pack out of this set)."""
+        return self._objects.pack_aware.packs.digests()
 
     # ------------------------------------------------------------------- events
     def events(self, stream: str, after: int = 0, limit: int = MAX_EVENT_PAGE) -> list[Event]:
@@ -650,8 +685,14 @@ class Store:
             raise E.InvalidInput(f"limit is an integer from 1 to {MAX_EVENT_PAGE}", field="limit")
         if not isinstance(after, int) or isinstance(after, bool) or after < 0:
             raise E.InvalidInput("after is an event id: an integer from 0", field="after")
-        self._b.events.flush()
+        self._coordination.flush()
         return self.coord.read(stream, after=after, limit=limit)
+
+    def flush_events(self, timeout: float = 10.0) -> bool:
+        """Wait until every event this store queued before the call is appended to the
+        coordinator's buffers (events are appended off the caller's path, a few
+        milliseconds later). True once they are; False if ``timeout`` seconds passed first."""
+        return self._coordination.flush(timeout)
 
     def durable_events(self, turn_id: str) -> list[tuple[str, dict[str, Any]]]:
         """A turn's events rebuilt from the database (``(type, data)``, in order), for a
@@ -666,3 +707,11 @@ class Store:
             raise E.InvalidInput("limit is an integer from 1 to 10000", field="limit")
         return self._projects.durable_events(project_id, limit)
 
+
+def _probe(ping: Callable[[], None]) -> str | None:
+    """None if ``ping()`` returns, else why it failed (a probe reports; it never raises)."""
+    try:
+        ping()
+        return None
+    except Exception as exc:
+        return str(exc) or type(exc).__name__

@@ -20,7 +20,7 @@ import sqlalchemy as sa
 from . import errors as E
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .database import Database
 from .db.tables import K, P, utcnow
 from .ids import new_id
 from .records import Page, Role, Token, aware
@@ -40,8 +40,8 @@ def _digest(secret: str) -> str:
 
 
 class Tokens:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database) -> None:
+        self.db = db
 
     def create(self, role: Any, *, project_id: str | None = None, name: str = "",
                actor: str | None = None) -> tuple[Token, str]:
@@ -57,7 +57,7 @@ class Tokens:
         actor = check.actor(actor)
         tid = new_id()
         secret = f"dst_{tid}_{secrets.token_urlsafe(32)}"
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             if project_id is not None and conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
             conn.execute(K.insert().values(id=tid, secret_hash=_digest(secret), role=role, project_id=project_id,
@@ -68,7 +68,7 @@ class Tokens:
     def page(self, cursor: str | None = None, limit: int | None = None) -> Page[Token]:
         """Tokens, oldest first (revoked ones included, marked)."""
         n = paging.limit(limit)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             rows = conn.execute(paging.by_creation(K, "tokens", cursor, n)).all()
         return paging.page("tokens", rows, n, lambda r: (aware(r.created_at), r.id), token_record)
 
@@ -76,7 +76,7 @@ class Tokens:
         """Revoke a token (idempotent). Raises ``token.not_found``."""
         if not isinstance(token_id, str) or not re.fullmatch(r"[0-9a-f]{32}", token_id):
             raise E.TokenNotFound(f"no token {str(token_id)[:80]!r}", token_id=str(token_id)[:80])
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             conn.execute(K.update().where(K.c.id == token_id, K.c.revoked_at.is_(None)).values(revoked_at=utcnow()))
             row = conn.execute(sa.select(K).where(K.c.id == token_id)).first()
         if row is None:
@@ -88,7 +88,7 @@ class Tokens:
         match = _TOKEN.fullmatch(secret) if isinstance(secret, str) else None
         if match is None:
             raise E.AuthInvalid("not a draftstore token")
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             row = conn.execute(sa.select(K).where(K.c.id == match.group(1))).first()
         if row is None or not hmac.compare_digest(row.secret_hash, _digest(secret)):
             raise E.AuthInvalid("unknown token")
@@ -99,5 +99,5 @@ class Tokens:
     def any_active(self) -> bool:
         """True once any token was ever created, revoked or not: from then on the
         service requires tokens (revoking every token never reopens it)."""
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             return conn.execute(sa.select(sa.exists().select_from(K))).scalar() is True

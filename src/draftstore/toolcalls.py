@@ -34,10 +34,13 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import paging
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import T, TC, utcnow
 from .digest import Digest
+from .objects import Objects
 from .records import Page, ToolCall, ToolCallStatus, TurnStatus, aware
+from .settings import Limits
 
 __all__ = ["ToolCalls"]
 
@@ -114,8 +117,11 @@ def _compact(r: Any, ended_at: datetime) -> str:
 
 
 class ToolCalls:
-    def __init__(self, b: Backends) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, coordination: Coordination, limits: Limits) -> None:
+        self.db = db
+        self.objects = objects
+        self.coordination = coordination
+        self.limits = limits
         # binds are prefixed p_: SQLAlchemy reserves column names in INSERT/UPDATE
         next_seq = (sa.select(sa.func.coalesce(sa.func.max(TC.c.seq), 0) + 1)
                     .where(TC.c.turn_id == sa.bindparam("p_turn_id")).scalar_subquery())
@@ -125,10 +131,10 @@ class ToolCalls:
             sa.bindparam("p_args_preview", type_=sa.Text), sa.bindparam("p_now", type_=sa.DateTime(timezone=True)),
             sa.bindparam("p_idempotency_key", type_=sa.String), sa.bindparam("p_request_digest", type_=sa.String),
         ).where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
-        if not b.sqlite:
+        if not db.sqlite:
             # wait for, then re-check, a concurrent status change of the turn
             source = source.with_for_update(read=True, of=T)
-        self._started = b.one_shot(TC.insert().from_select(
+        self._started = db.one_shot(TC.insert().from_select(
             ["turn_id", "seq", "tool_name", "status", "args_json", "args_digest", "args_preview", "started_at",
              "idempotency_key", "request_digest"],
             source).returning(TC.c.seq))
@@ -137,11 +143,11 @@ class ToolCalls:
         running = sa.exists().where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
         finish = TC.update().where(TC.c.turn_id == sa.bindparam("p_turn_id"), TC.c.seq == sa.bindparam("p_seq"),
                                    TC.c.status == ToolCallStatus.STARTED.value, running)
-        self._completed = b.one_shot(finish.values(
+        self._completed = db.one_shot(finish.values(
             status=ToolCallStatus.COMPLETED.value, ended_at=sa.bindparam("p_now"),
             result_json=sa.bindparam("p_result_json"), result_digest=sa.bindparam("p_result_digest"),
             result_preview=sa.bindparam("p_result_preview")))
-        self._failed = b.one_shot(finish.values(
+        self._failed = db.one_shot(finish.values(
             status=ToolCallStatus.FAILED.value, ended_at=sa.bindparam("p_now"),
             error_json=sa.bindparam("p_error_json")))
         self._decided = TC.update().where(
@@ -154,11 +160,11 @@ class ToolCalls:
     # -- recording -------------------------------------------------------------------------
     def _payload(self, field: str, value: Any) -> tuple[str | None, str | None, str | None]:
         """(inline JSON, blob digest, preview): big payloads go to the blob store."""
-        limits = self.b.limits
+        limits = self.limits
         text, nul = check.json_text(field, value, limits.max_payload_bytes)
         if not nul and len(text) <= limits.inline_payload_bytes and len(text.encode()) <= limits.inline_payload_bytes:
             return text, None, None
-        digest = self.b.blobs.put(text.encode("utf-8"))
+        digest = self.objects.raw.put(text.encode("utf-8"))
         return None, digest, text[: limits.payload_preview_chars]
 
     def started(self, turn_id: str, tool_name: str, args: Any, needs_approval: bool = False,
@@ -184,7 +190,7 @@ class ToolCalls:
                   "p_idempotency_key": key, "p_request_digest": request}
         for attempt in range(20):
             try:
-                row, _ = self.b.run(self._started, params, (turn_id, 0))
+                row, _ = self.db.run(self._started, params, (turn_id, 0))
                 break
             except sa_exc.IntegrityError:
                 if key is not None:
@@ -199,7 +205,8 @@ class ToolCalls:
         if row is None:
             raise self._why_not(turn_id, None)
         seq = row[0]
-        self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
+        self.coordination.emit(f"turn:{turn_id}", f"tool.{status}",
+                               {"turn_id": turn_id, "seq": seq, "tool_name": tool_name})
         return ToolCall(turn_id=turn_id, seq=seq, tool_name=tool_name, status=status,
                         args=None if args_digest else args, args_digest=args_digest, args_preview=args_preview,
                         result=None, result_digest=None, result_preview=None, error=None,
@@ -208,7 +215,7 @@ class ToolCalls:
     def _repeat(self, turn_id: str, key: str, request: str | None) -> ToolCall | None:
         """The call a start with ``key`` recorded in this running turn, or None; raises
         ``idempotency.conflict`` if that start asked something else than ``request``."""
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             row = conn.execute(self._by_key, {"p_turn_id": turn_id, "p_idempotency_key": key}).first()
         if row is None:
             return None
@@ -226,18 +233,18 @@ class ToolCalls:
         seq = check.seq(turn_id, seq)
         check.flag("approved", approved)
         if reason is not None:
-            check.json_value("reason", reason, self.b.limits.max_message_bytes)
+            check.json_value("reason", reason, self.limits.max_message_bytes)
         now = utcnow()
         approval = {"approved": approved, "reason": reason, "by": check.actor(actor), "at": now.isoformat()}
         status = ToolCallStatus.STARTED if approved else ToolCallStatus.DENIED
-        with self.b.tx() as conn:
+        with self.db.tx() as conn:
             updated = conn.execute(self._decided, {
                 "p_turn_id": turn_id, "p_seq": seq, "p_status": status.value,
                 "p_approval_json": check.dump_json(approval), "p_ended_at": None if approved else now}).rowcount
             row = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
         if updated != 1:
             raise self._why_not(turn_id, seq, deciding=True)
-        self.b.emit(f"turn:{turn_id}", "tool.approved" if approved else "tool.denied",
+        self.coordination.emit(f"turn:{turn_id}", "tool.approved" if approved else "tool.denied",
                     {"turn_id": turn_id, "seq": seq, "reason": reason})
         return _from_row(turn_id, row)
 
@@ -251,20 +258,20 @@ class ToolCalls:
     def failed(self, turn_id: str, seq: int, error: Any) -> None:
         check.turn_id(turn_id)
         seq = check.seq(turn_id, seq)
-        error_json = check.message("error", error, self.b.limits)
+        error_json = check.message("error", error, self.limits)
         self._finish(turn_id, seq, ToolCallStatus.FAILED, self._failed, {"p_error_json": error_json})
 
     def _finish(self, turn_id: str, seq: int, status: ToolCallStatus, stmt: Any, values: dict[str, Any]) -> None:
-        _, updated = self.b.run(stmt, {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **values},
+        _, updated = self.db.run(stmt, {"p_turn_id": turn_id, "p_seq": seq, "p_now": utcnow(), **values},
                                 (turn_id, seq))
         if updated != 1:
             raise self._why_not(turn_id, seq)
-        self.b.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq})
+        self.coordination.emit(f"turn:{turn_id}", f"tool.{status}", {"turn_id": turn_id, "seq": seq})
 
     def _why_not(self, turn_id: str, seq: int | None, deciding: bool = False) -> E.DraftstoreError:
         """Why recording was refused: the turn is missing or ended, or the call is
         missing or already finished (read after the fact; the statement decided)."""
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).first()
             if turn is None or turn.status != _RUNNING:
                 return E.turn_refused(turn_id, None if turn is None else turn.status,
@@ -282,7 +289,7 @@ class ToolCalls:
                                          turn_id=turn_id, seq=seq, status=call.status)
 
     def read_payload(self, digest: str) -> Any:
-        return json.loads(self.b.blobs.get(Digest(digest)).decode("utf-8"))
+        return json.loads(self.objects.raw.get(Digest(digest)).decode("utf-8"))
 
     def payload(self, turn_id: str, seq: int, part: str) -> Any:
         """The whole ``args`` or ``result`` of one call, inline or offloaded: reached through
@@ -292,7 +299,7 @@ class ToolCalls:
         seq = check.seq(turn_id, seq)
         if part not in ("args", "result"):
             raise E.InvalidInput('part is "args" or "result"', field="part")
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
             if turn is None:
                 raise E.turn_not_found(turn_id)
@@ -342,7 +349,7 @@ class ToolCalls:
         check.turn_id(turn_id)
         n = paging.limit(limit)
         key = paging.decode("tool_calls", cursor, (int,))
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
             if turn is None:
                 raise E.turn_not_found(turn_id)

@@ -36,15 +36,19 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults
 from . import validation as check
-from .backends import Backends
+from .coordination import Coordination
+from .database import Database
 from .db.tables import D, T, V, utcnow
-from .drafts import Drafts
-from .ids import new_id
-from .projects import Projects
+from .deferred import awaited, retry_unlocked
 from .deltas import Deltas
 from .digest import Digest, digest_of
+from .drafts import Drafts
+from .ids import new_id
+from .objects import Objects
+from .projects import Projects
 from .records import DraftStatus, Page, Turn, TurnEndReason, TurnStatus, aware, end_reason_of
 from .sealing import Fold, Sealing
+from .settings import Settings
 from .toolcalls import ToolCalls
 
 __all__ = ["Turns", "turn_record"]
@@ -84,9 +88,13 @@ def state_blob(characters: Any, world_settings: Any) -> bytes:
 
 
 class Turns:
-    def __init__(self, b: Backends, projects: Projects, drafts: Drafts, sealing: Sealing,
-                 toolcalls: ToolCalls, deltas: Deltas) -> None:
-        self.b = b
+    def __init__(self, db: Database, objects: Objects, coordination: Coordination, settings: Settings,
+                 projects: Projects, drafts: Drafts, sealing: Sealing, toolcalls: ToolCalls, deltas: Deltas) -> None:
+        self.db = db
+        self.objects = objects
+        self.coordination = coordination
+        self.settings = settings
+        self.limits = settings.limits
         self.deltas = deltas
         self.projects = projects
         self.drafts = drafts
@@ -102,9 +110,9 @@ class Turns:
         check.project_id(project_id)
         if from_turn_id is not None:
             check.turn_id(from_turn_id)
-        message = check.message("user_message", user_message, self.b.limits)
+        message = check.message("user_message", user_message, self.limits)
         actor = check.actor(actor)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             project = self.projects.load(conn, project_id)
             running, start = self._running_and_start_state(conn, project)
         if running is not None and running == from_turn_id:
@@ -120,11 +128,11 @@ class Turns:
         # the start state's object is stored before the rows are locked (never a blob-store request
         # while they are held); stored again even if it exists, so garbage collection's grace period
         # covers it until the turn row that names it commits
-        stored = self.b.blobs.put(start)
+        stored = self.objects.raw.put(start)
         now = utcnow()
         tid = new_id()
         try:
-            with self.b.tx() as conn:
+            with self.db.tx() as conn:
                 project = self.projects.load(conn, project_id, lock=True)
                 draft = self.drafts.active(conn, project, lock=True)
                 if draft is None:
@@ -144,7 +152,7 @@ class Turns:
                 blob = state_blob(draft.characters_json, draft.world_settings_json)
                 state = digest_of(blob)
                 if state != stored:  # the draft changed since it was read (a publish or a discard between): rare
-                    self.b.blobs.put(blob)
+                    self.objects.raw.put(blob)
                 conn.execute(T.insert().values(
                     id=tid, project_id=project_id, draft_id=draft.id, number=number,
                     continues_turn_id=from_turn_id or draft.last_turn_id, base_version_id=draft.base_version_id, actor=actor,
@@ -159,8 +167,8 @@ class Turns:
             raise E.TurnAlreadyRunning(f"another turn of project {project_id} started first") from exc
         self._beat(tid)
         # in the buffer before the caller is answered: a subscriber connecting at once finds it (events.py)
-        self.b.events.emit_now(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
-        self.b.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
+        self.coordination.publisher.emit_now(f"turn:{tid}", "turn.started", {"turn_id": tid, "project_id": project_id})
+        self.coordination.emit(f"project:{project_id}", "turn.started", {"turn_id": tid})
         return turn_record(row)
 
     @staticmethod
@@ -198,7 +206,7 @@ class Turns:
     # -- end -----------------------------------------------------------------------------------
     def complete(self, turn_id: str, assistant_message: Any) -> Turn:
         check.turn_id(turn_id)
-        message = check.message("assistant_message", assistant_message, self.b.limits)
+        message = check.message("assistant_message", assistant_message, self.limits)
         turn = self.end(turn_id, TurnStatus.COMPLETED, DraftStatus.PAUSED, {"assistant_message_json": message})
         return turn
 
@@ -211,14 +219,14 @@ class Turns:
         partial = partial_response if partial_response is not None else self.deltas.peek(turn_id)
         if partial is not None:
             values["partial_response_json"] = check.json_value(
-                "partial_response", partial, self.b.limits.max_json_state_bytes)
+                "partial_response", partial, self.limits.max_json_state_bytes)
         turn = self.end(turn_id, TurnStatus.INTERRUPTED, DraftStatus.INTERRUPTED, values)
         return turn
 
     def fail(self, turn_id: str, error: Any) -> Turn:
         check.turn_id(turn_id)
         turn = self.end(turn_id, TurnStatus.FAILED, DraftStatus.INTERRUPTED,
-                        {"error_json": check.message("error", error, self.b.limits)})
+                        {"error_json": check.message("error", error, self.limits)})
         return turn
 
     def end(self, turn_id: str, status: TurnStatus, draft_status: DraftStatus, values: dict[str, Any]) -> Turn:
@@ -232,7 +240,7 @@ class Turns:
         now = utcnow()
 
         def attempt() -> Turn:
-            with self.b.tx() as conn:
+            with self.db.tx() as conn:
                 draft = self.sealing.lock(conn, fold.draft_id)
                 turn = self.finish(conn, turn_id, draft, fold, status, now, values, ending)
                 partial = values.get("partial_response_json")
@@ -243,7 +251,7 @@ class Turns:
             return turn
 
         try:
-            turn = self.b.retry_unlocked(attempt)
+            turn = retry_unlocked(attempt)
         finally:
             fold.settle()
             if ending is not None and ending[1] is not None:
@@ -261,7 +269,7 @@ class Turns:
             return None
         blob = state_blob(row.characters_json, row.world_settings_json)
         state = digest_of(blob)
-        return state, (None if state == row.start_state_digest else self.b.upload(self.b.blobs.put, blob))
+        return state, (None if state == row.start_state_digest else self.objects.upload(self.objects.raw.put, blob))
 
     def finish(self, conn: Connection, turn_id: str, draft: Any, fold: Fold, status: TurnStatus, now: Any,
                values: dict[str, Any], ending: tuple[Digest, Future[Any] | None] | None = None) -> Turn:
@@ -270,8 +278,8 @@ class Turns:
         overlay (``fold``, prepared before) into its end root, record the end
         state (``ending``: its object's upload, prepared before) and compact its
         history. Raises ``turn.not_running`` (rolling the caller's transaction back);
-        the caller runs its transaction under ``Backends.retry_unlocked``."""
-        row = conn.execute(self.b.for_update(sa.select(T.c.status, T.c.start_state_digest)
+        the caller runs its transaction under ``deferred.retry_unlocked``."""
+        row = conn.execute(self.db.for_update(sa.select(T.c.status, T.c.start_state_digest)
                                              .where(T.c.id == turn_id))).first()
         if row is None or row.status != _RUNNING:
             raise E.turn_refused(turn_id, None if row is None else row.status)
@@ -280,12 +288,12 @@ class Turns:
         state = digest_of(blob)
         if ending is not None and ending[0] == state:
             if ending[1] is not None:
-                self.b.awaited(ending[1])  # stored beside this transaction's statements (raises its failure)
+                awaited(ending[1])  # stored beside this transaction's statements (raises its failure)
         elif state != row.start_state_digest:
             # not prepared (a discard ending the turn), or a patch raced the end: stored here, rarely.
             # The start state's object needs no second PUT: stored when the turn started, and named
             # by this committed row since (so garbage collection keeps it)
-            self.b.blobs.put(blob)
+            self.objects.raw.put(blob)
         calls = self.toolcalls.compact(conn, turn_id, now)
         row = conn.execute(T.update().where(T.c.id == turn_id).values(
             status=status, ended_at=now, end_root=root, end_state_digest=state, tool_calls_json=calls, **values,
@@ -296,22 +304,23 @@ class Turns:
     def ended(self, turn: Turn) -> None:
         """After the ending transaction committed: drop the heartbeat and the streamed text, tell SSE
         (a coordinator that cannot be reached now leaves them to their TTLs; the end stands)."""
-        for drop in (lambda: self.deltas.forget(turn.id), lambda: self.b.coord.forget(f"turn:{turn.id}")):
+        for drop in (lambda: self.deltas.forget(turn.id), lambda: self.coordination.coord.forget(f"turn:{turn.id}")):
             try:
                 drop()
             except E.DraftstoreError:
                 pass
         stream = f"turn:{turn.id}"
         reason = end_reason_of(turn.status, turn.end_reason)  # a cancel told from a crash without a read
-        self.b.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
+        self.coordination.emit(stream, f"turn.{turn.status}", {"turn_id": turn.id, "end_root": turn.end_root,
                                                     "end_reason": reason})
-        self.b.emit(f"project:{turn.project_id}", f"turn.{turn.status}", {"turn_id": turn.id, "end_reason": reason})
-        self.b.expire_stream(stream)
+        self.coordination.emit(f"project:{turn.project_id}", f"turn.{turn.status}",
+                               {"turn_id": turn.id, "end_reason": reason})
+        self.coordination.expire_stream(stream)
 
     # -- heartbeats ---------------------------------------------------------------------------
     def heartbeat(self, turn_id: str) -> None:
         check.turn_id(turn_id)
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             status = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).scalar()
         if status != _RUNNING:
             raise E.turn_refused(turn_id, status)
@@ -319,14 +328,14 @@ class Turns:
 
     def _beat(self, turn_id: str) -> None:
         try:
-            self.b.coord.beat(f"turn:{turn_id}", self.b.settings.heartbeat_ttl_s)
+            self.coordination.coord.beat(f"turn:{turn_id}", self.settings.heartbeat_ttl_s)
         except E.DraftstoreError as exc:
             log.warning("heartbeat for turn %s not recorded: %s", turn_id, exc)
 
     # -- reading ---------------------------------------------------------------------------------
     def get(self, turn_id: str) -> Turn:
         check.turn_id(turn_id)
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             row = conn.execute(sa.select(T).where(T.c.id == turn_id)).first()
             if row is None:
                 raise E.turn_not_found(turn_id)
@@ -334,7 +343,7 @@ class Turns:
         return turn_record(row, calls)
 
     def list(self, project_id: str) -> list[Turn]:
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             self.projects.load(conn, project_id)
             rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id)
                                 .order_by(T.c.number)).all()
@@ -347,7 +356,7 @@ class Turns:
     def summary(self, turn_id: str) -> Turn:
         """A turn without its tool calls (see ``ToolCalls.page`` for them)."""
         check.turn_id(turn_id)
-        with self.b.statement(read_only=True) as conn:
+        with self.db.statement(read_only=True) as conn:
             row = conn.execute(sa.select(*_SUMMARY).where(T.c.id == turn_id)).first()
         if row is None:
             raise E.turn_not_found(turn_id)
@@ -381,9 +390,9 @@ class Turns:
         heartbeat lapsed (which seals its writes). Returns (reaped, failed):
         a turn that cannot be ended now (a backend error) is logged and left
         for the next sweep; it never stops the others from being reaped."""
-        ttl = self.b.settings.heartbeat_ttl_s
+        ttl = self.settings.heartbeat_ttl_s
         try:
-            since = self.b.coord.since()
+            since = self.coordination.coord.since()
         except E.DraftstoreError as exc:  # who is alive cannot be known: reap nobody
             log.warning("sweep reaps no turn: the coordinator is unavailable (%s)", exc)
             return 0, 0
@@ -392,15 +401,15 @@ class Turns:
             # flushed or restarted): live workers have not beaten into it yet. Grace.
             return 0, 0
         now = utcnow()
-        with self.b.tx(read_only=True) as conn:
+        with self.db.tx(read_only=True) as conn:
             running = conn.execute(sa.select(T.c.id, T.c.started_at).where(T.c.status == _RUNNING)).all()
         reaped = failed = 0
         for tid, started in running:
             age = (now - aware(started)).total_seconds()  # type: ignore[operator]
             try:
-                if age <= self.b.settings.heartbeat_ttl_s or self.b.coord.alive(f"turn:{tid}"):
+                if age <= self.settings.heartbeat_ttl_s or self.coordination.coord.alive(f"turn:{tid}"):
                     continue
-                if time.time() - self.b.coord.since() < ttl:
+                if time.time() - self.coordination.coord.since() < ttl:
                     # the coordinator lost its state after the sweep began (a flush, a restart):
                     # the missing heartbeat may be a live worker's. Grace, as above.
                     break

@@ -84,7 +84,7 @@ class PackedIndexes:
     """Reads the search indexes and tree summaries of packed trees.
 
     ``in_parallel(fn, items)`` runs independent chains of reads side by side
-    (``Backends.in_parallel``); ``objects`` reads frames of packs, ``blobs``
+    (``Objects.in_parallel``); ``objects`` reads frames of packs, ``blobs``
     reads the index objects themselves (always stored alone)."""
 
     def __init__(self, *, packs: PackCover, blobs: BlobStore, objects: PackedObjects, cache: ObjectCache,

@@ -86,7 +86,8 @@ def upgrade() -> None:
         f"user_message_json = {quote.format('user_message')}, "
         f"assistant_message_json = {quote.format('assistant_message')}, "
         f"error_json = {quote.format('error')}, "
-        "base_version_id = (SELECT d.base_version_id FROM project_draft d WHERE d.id = project_turn.draft_id)"
+        "base_version_id = (SELECT project_draft.base_version_id FROM project_draft "
+        "WHERE project_draft.id = project_turn.draft_id)"
     )
     op.execute(f"UPDATE tool_call SET error_json = {(quote + '::text') if pg else quote}".format("error"))
 
