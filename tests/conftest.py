@@ -29,25 +29,11 @@ from typing import Any
 
 import pytest
 
-from services import PostgresDatabase, RedisServer, S3Service, require_real, token
+from alone import pytest_configure, pytest_runtest_protocol, pytest_unconfigure  # noqa: F401
+from services import PostgresDatabase, RedisServer, S3Service, token
+from services import pytest_runtest_makereport  # noqa: F401  (a real test never skips in CI)
 
 FLAVOURS = ["embedded", pytest.param("real", marks=pytest.mark.real)]
-
-
-# -- CI must not turn a missing service into a green run --------------------------------
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if (
-        report.skipped
-        and require_real()
-        and item.get_closest_marker("real") is not None
-        and not hasattr(report, "wasxfail")
-    ):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.outcome = "failed"
-        report.longrepr = f"real-service test skipped while DRAFTSTORE_REQUIRE_REAL=1: {reason}"
 
 
 # -- the real services, once per session ------------------------------------------------

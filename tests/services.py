@@ -15,7 +15,10 @@ No mocks: each helper talks to a real server. Where a server comes from:
   stopped at session end. Each session gets a fresh bucket.
 
 A service that cannot be reached skips the tests that need it — unless
-``DRAFTSTORE_REQUIRE_REAL=1`` (set by ``.ci/run``), where it is a hard failure.
+``DRAFTSTORE_REQUIRE_REAL=1`` (set by ``.ci/run``), where it is a hard failure;
+and there ``pytest_runtest_makereport`` (a hook conftest.py installs) turns any
+skip of a ``real`` test into a failure, on xdist workers too (the report is
+rewritten where the test ran, before it is sent to the controlling process).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import os
 import secrets
 import sys
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -55,6 +59,22 @@ def unavailable(what: str, why: object) -> NoReturn:
     if require_real():
         pytest.fail(f"{msg} ({ENV_REQUIRE}=1 forbids skipping)", pytrace=False)
     pytest.skip(msg)
+
+
+# -- CI must not turn a missing service into a green run --------------------------------
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped
+        and require_real()
+        and item.get_closest_marker("real") is not None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"real-service test skipped while DRAFTSTORE_REQUIRE_REAL=1: {reason}"
 
 
 def token(n: int = 6) -> str:
