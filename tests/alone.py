@@ -2,9 +2,9 @@
 
 The suite runs on pytest-xdist workers (``-n``). Most tests share nothing but the
 servers, each under its own database, S3 prefix and Redis prefix, so they may run
-side by side. A few must not: they bound wall time, memory or a time budget, or
-measure what a loaded CPU would distort (a reap within a heartbeat TTL, a
-fuzzing budget). Those carry ``@pytest.mark.alone``.
+side by side. A few must not: they bound response times, count what happens per
+second, or spend a time budget whose size is their coverage (the fuzzer). Those
+carry ``@pytest.mark.alone``.
 
 The guarantee: while an ``alone`` test is between the start of its set-up and
 the end of its teardown, no other test of the run is. Every test holds a lock
