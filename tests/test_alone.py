@@ -93,3 +93,48 @@ def test_a_real_test_that_skips_on_a_worker_fails_the_run(tmp_path: Path) -> Non
     assert done.returncode == 1, done.stdout + done.stderr
     assert "1 failed, 1 skipped" in done.stdout, done.stdout
     assert "real-service test skipped while DRAFTSTORE_REQUIRE_REAL=1: " in done.stdout, done.stdout
+
+
+def test_on_two_workers_nothing_runs_beside_an_alone_test(tmp_path: Path) -> None:
+    suite, log = tmp_path / "suite", tmp_path / "log"
+    suite.mkdir()
+    log.mkdir()
+    (suite / "conftest.py").write_text(textwrap.dedent(f"""
+        import sys
+        sys.path.insert(0, {str(TESTS)!r})
+        from alone import pytest_configure, pytest_runtest_protocol, pytest_unconfigure
+    """))
+    (suite / "test_mixed.py").write_text(textwrap.dedent(f"""
+        import time
+        from pathlib import Path
+
+        import pytest
+
+        def span(name):
+            start = time.time()
+            time.sleep(0.4)
+            Path({str(log)!r}, name).write_text(f"{{start}} {{time.time()}}")
+
+        @pytest.mark.parametrize("i", range(8))
+        def test_ordinary(i):
+            span(f"ordinary{{i}}")
+
+        @pytest.mark.alone
+        def test_alone():
+            span("alone")
+
+        @pytest.mark.parametrize("i", range(8, 12))
+        def test_ordinary_after(i):
+            span(f"ordinary{{i}}")
+    """))
+    env = {k: v for k, v in os.environ.items() if k != ENV_LOCK_DIR}
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-p", "xdist", "-n", "2", "-p", "no:cacheprovider", "-q",
+                           "-o", "markers=alone", str(suite)], cwd=suite, env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0 and "13 passed" in done.stdout, done.stdout + done.stderr
+    spans = {p.name: tuple(map(float, p.read_text().split())) for p in log.iterdir()}
+    assert len(spans) == 13
+    a0, a1 = spans.pop("alone")
+    beside = [name for name, (s0, s1) in spans.items() if s0 < a1 and a0 < s1]
+    assert not beside, f"ran beside the alone test: {beside}"
