@@ -14,9 +14,10 @@ Fixtures for everyone:
   ``Store.open`` takes. The embedded one is what a user gets with nothing
   configured: a SQLite database, a blob directory and (no ``coord_url``) the
   SQLite coordinator file beside the database. The real one gets a fresh
-  PostgreSQL database per test (copied from a migrated template), its own S3
-  key prefix and its own Redis prefix: one test's rows never name another
-  test's objects.
+  PostgreSQL database per test (copied from a migrated template, dropped
+  in the background after the test: ``pg_dropper``), its own S3 key prefix
+  and its own Redis prefix: one test's rows never name another test's
+  objects.
 - session-scoped building blocks: ``real_postgres``, ``real_redis``, ``real_s3``,
   ``real_redis_cluster`` (see tests/services.py for where each server comes from).
 
@@ -32,25 +33,11 @@ from typing import Any
 
 import pytest
 
-from services import LocalRedisCluster, PostgresDatabase, RedisServer, S3Service, require_real, token
+from alone import pytest_configure, pytest_runtest_protocol, pytest_unconfigure  # noqa: F401
+from services import DatabaseDropper, LocalRedisCluster, PostgresDatabase, RedisServer, S3Service, require_real, token
+from services import pytest_runtest_makereport  # noqa: F401  (a real test never skips in CI)
 
 FLAVOURS = ["embedded", pytest.param("real", marks=pytest.mark.real)]
-
-
-# -- CI must not turn a missing service into a green run --------------------------------
-@pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    outcome = yield
-    report = outcome.get_result()
-    if (
-        report.skipped
-        and require_real()
-        and item.get_closest_marker("real") is not None
-        and not hasattr(report, "wasxfail")
-    ):
-        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-        report.outcome = "failed"
-        report.longrepr = f"real-service test skipped while DRAFTSTORE_REQUIRE_REAL=1: {reason}"
 
 
 # -- the real services, once per session ------------------------------------------------
@@ -68,6 +55,14 @@ def real_pg_template() -> Iterator[PostgresDatabase]:
     db = PostgresDatabase.migrated_template()
     yield db
     db.drop()
+
+
+@pytest.fixture(scope="session")
+def pg_dropper() -> Iterator[DatabaseDropper]:
+    """Drops per-test databases off the tests' path (all of them by the end of the session)."""
+    dropper = DatabaseDropper()
+    yield dropper
+    dropper.close()
 
 
 @pytest.fixture(scope="session")
@@ -151,8 +146,9 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
     template: PostgresDatabase = request.getfixturevalue("real_pg_template")
     s3: S3Service = request.getfixturevalue("real_s3")
     server: RedisServer = request.getfixturevalue("real_redis")
+    dropper: DatabaseDropper = request.getfixturevalue("pg_dropper")
     pg = PostgresDatabase.create(template=template.name)
-    request.addfinalizer(pg.drop)
+    request.addfinalizer(lambda: dropper.drop_later(pg))
     return {
         "database_url": pg.url,
         "blob_url": s3.url(f"t-{token()}"),
@@ -166,8 +162,9 @@ def cluster_stack(request: pytest.FixtureRequest) -> dict[str, str]:
     template: PostgresDatabase = request.getfixturevalue("real_pg_template")
     s3: S3Service = request.getfixturevalue("real_s3")
     cluster: LocalRedisCluster = request.getfixturevalue("real_redis_cluster")
+    dropper: DatabaseDropper = request.getfixturevalue("pg_dropper")
     pg = PostgresDatabase.create(template=template.name)
-    request.addfinalizer(pg.drop)
+    request.addfinalizer(lambda: dropper.drop_later(pg))
     return {
         "database_url": pg.url,
         "blob_url": s3.url(f"t-{token()}"),

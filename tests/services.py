@@ -18,20 +18,26 @@ No mocks: each helper talks to a real server. Where a server comes from:
   stopped at session end. Each session gets a fresh bucket.
 
 A service that cannot be reached skips the tests that need it — unless
-``DRAFTSTORE_REQUIRE_REAL=1`` (set by ``.ci/run``), where it is a hard failure.
+``DRAFTSTORE_REQUIRE_REAL=1`` (set by ``.ci/run``), where it is a hard failure;
+and there ``pytest_runtest_makereport`` (a hook conftest.py installs) turns any
+skip of a ``real`` test into a failure, on xdist workers too (the report is
+rewritten where the test ran, before it is sent to the controlling process).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+import queue
 import secrets
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -64,6 +70,22 @@ def unavailable(what: str, why: object) -> NoReturn:
     if require_real():
         pytest.fail(f"{msg} ({ENV_REQUIRE}=1 forbids skipping)", pytrace=False)
     pytest.skip(msg)
+
+
+# -- CI must not turn a missing service into a green run --------------------------------
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        report.skipped
+        and require_real()
+        and item.get_closest_marker("real") is not None
+        and not hasattr(report, "wasxfail")
+    ):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"real-service test skipped while DRAFTSTORE_REQUIRE_REAL=1: {reason}"
 
 
 def token(n: int = 6) -> str:
@@ -241,6 +263,39 @@ class PgBouncer:
                 self.proc.kill()
                 self.proc.wait(timeout=10)
         self.tmpdir.cleanup()
+
+
+class DatabaseDropper:
+    """Drops per-test databases on a background thread, so a test's teardown does not wait for it.
+
+    ``DROP DATABASE`` waits for every backend of the cluster to let go of the files and
+    for them to be removed: a second or two on a loaded machine, a test's whole run time
+    for the short ones. A test hands its database over (``drop_later``) and the next test
+    starts at once. At most ``backlog`` databases wait (a test handing over one more waits
+    for room), so the disk never fills with them; ``close()`` drops every one still waiting
+    and raises if any drop failed.
+    """
+
+    def __init__(self, backlog: int = 8) -> None:
+        self._queue: queue.Queue[PostgresDatabase | None] = queue.Queue(maxsize=backlog)
+        self._errors: list[str] = []
+        self._thread = threading.Thread(target=self._run, name="drop-databases", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while (db := self._queue.get()) is not None:
+            try:
+                db.drop()
+            except Exception as exc:  # reported by close(): a leaked database must not pass unseen
+                self._errors.append(f"{db.name}: {exc!r}")
+
+    def drop_later(self, db: PostgresDatabase) -> None:
+        self._queue.put(db)
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join()
+        assert not self._errors, f"test databases that could not be dropped: {self._errors}"
 
 
 # -- Redis -------------------------------------------------------------------------------

@@ -41,6 +41,9 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts" / "admin"
 WAIT_MS = 15_000  # a loaded 2-core machine: generous, only ever reached on failure
 
+# one worker runs the whole file (parallel runs, tests/alone.py): one browser, launched once
+pytestmark = pytest.mark.xdist_group("admin_web")
+
 EMBEDDED = pytest.mark.parametrize("stack", ["embedded"], indirect=True)
 
 MARKUP = "add a dragon [/x] <script>window.__xss = 1</script><img src=x onerror=\"window.__xss = 2\">"

@@ -585,6 +585,7 @@ def test_redis_epoch_keys_follow_their_stream(real_redis) -> None:  # type: igno
         raw.close()
 
 
+@pytest.mark.alone  # it counts the server's calls: no other test of the run may call it meanwhile
 @pytest.mark.real
 def test_a_batch_of_appends_is_one_round_trip_and_survives_a_lost_script(real_redis) -> None:  # type: ignore[no-untyped-def]
     import redis

@@ -72,7 +72,8 @@ from service_fixtures import Service, _wait_ready, free_port, stack_env
 from services import PostgresDatabase, RedisServer, S3Service, load_seaweedfs_module, token, unavailable
 from test_service_streams import DURABLE, EventSource, keys, new_project, start_turn, tool_call, wait_buffered
 
-pytestmark = pytest.mark.real
+# one worker runs the whole file (parallel runs, tests/alone.py): its SeaweedFS is started once, not per worker
+pytestmark = [pytest.mark.real, pytest.mark.xdist_group("faults_outages")]
 
 MAX_FAIL_S = 10.0  # an operation against a dead backend must fail within this (issue 9)
 

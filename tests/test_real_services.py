@@ -60,3 +60,23 @@ def test_real_urls_carry_a_per_session_redis_prefix(real_redis) -> None:  # type
     query = parse_qs(urlsplit(real_redis.url("x")).query)
     assert query["prefix"] == [f"{real_redis.prefix}-x"]
     assert real_redis.prefix.startswith("dstest-")
+
+
+@pytest.mark.real
+def test_every_database_handed_to_the_dropper_is_gone_once_it_closes(real_pg_template) -> None:  # type: ignore[no-untyped-def]
+    import psycopg
+
+    from services import DatabaseDropper, PostgresDatabase
+
+    dropper = DatabaseDropper(backlog=2)
+    made = [PostgresDatabase.create(template=real_pg_template.name) for _ in range(5)]
+    held = psycopg.connect(made[0].libpq_url)  # a leaked connection does not keep its database alive
+    try:
+        for db in made:
+            dropper.drop_later(db)  # more than the backlog: the last ones wait for room, none is lost
+        dropper.close()
+    finally:
+        held.close()
+    with psycopg.connect(made[0].admin_url) as conn:
+        left = conn.execute("select datname from pg_database where datname = any(%s)", ([d.name for d in made],)).fetchall()
+    assert left == []

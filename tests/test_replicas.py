@@ -42,7 +42,10 @@ from replicas import Balancer, Replica
 from service_fixtures import free_port, stack_env
 from test_service_streams import EventSource
 
-pytestmark = pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest.mark.real)], indirect=True)
+pytestmark = [
+    pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest.mark.real)], indirect=True),
+    pytest.mark.alone,  # 50 agents and a replica's restart on two cores: nothing else beside it
+]
 
 AGENTS = 50
 MIN_TURNS, MAX_TURNS = 2, 20  # an agent goes on past MIN_TURNS until the restarted replica has served a while

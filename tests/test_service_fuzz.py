@@ -77,6 +77,9 @@ DERANDOMIZE = not os.environ.get("FUZZ_RANDOM")  # CI sends the same cases every
 SSE_TIMEOUT_S = 0.5  # an event stream of a running turn never ends by itself: read it this long
 RUNNING = "RUNNINGTURN"  # placeholder (URL-safe) for "the running turn", replaced at call time
 
+# a time budget is coverage: no other test of the run may eat into it (tests/alone.py)
+pytestmark = pytest.mark.alone
+
 
 # -- the service's log: drained (a full pipe would block the server), kept for reports ----
 class Log:

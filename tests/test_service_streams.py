@@ -1089,6 +1089,7 @@ def usage(pid: int, port: int) -> dict[str, int]:
             "rss_kib": int(status["VmRSS"].split()[0])}
 
 
+@pytest.mark.alone  # it bounds response times
 def test_hundreds_of_idle_subscribers_neither_slow_the_service_down_nor_leak(service: Service):
     subscribers = 300
     c = service.client()
@@ -1208,6 +1209,7 @@ class PartialWrites:
             conn.exec_driver_sql(f"DROP TABLE {self.name}")
 
 
+@pytest.mark.alone  # it counts writes a second
 def test_deltas_reach_the_stream_one_by_one_but_the_partial_response_is_written_about_once_a_second(
         service: Service):
     c = service.client()
