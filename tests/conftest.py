@@ -143,33 +143,26 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
             "database_url": f"sqlite:///{tmp_path}/ds.db",
             "blob_url": f"file://{tmp_path}/blobs",
         }
+    server: RedisServer = request.getfixturevalue("real_redis")
+    return _real_stack(request, server.url(token()))
+
+
+def _real_stack(request: pytest.FixtureRequest, coord_url: str) -> dict[str, str]:
+    """The real stack's URLs: a fresh database copied from the template (dropped in the
+    background after the test), a fresh S3 prefix, and ``coord_url``."""
     template: PostgresDatabase = request.getfixturevalue("real_pg_template")
     s3: S3Service = request.getfixturevalue("real_s3")
-    server: RedisServer = request.getfixturevalue("real_redis")
     dropper: DatabaseDropper = request.getfixturevalue("pg_dropper")
     pg = PostgresDatabase.create(template=template.name)
     request.addfinalizer(lambda: dropper.drop_later(pg))
-    return {
-        "database_url": pg.url,
-        "blob_url": s3.url(f"t-{token()}"),
-        "coord_url": server.url(token()),
-    }
+    return {"database_url": pg.url, "blob_url": s3.url(f"t-{token()}"), "coord_url": coord_url}
 
 
 @pytest.fixture
 def cluster_stack(request: pytest.FixtureRequest) -> dict[str, str]:
     """The real stack's URLs with the coordinator on the session's Redis Cluster."""
-    template: PostgresDatabase = request.getfixturevalue("real_pg_template")
-    s3: S3Service = request.getfixturevalue("real_s3")
     cluster: LocalRedisCluster = request.getfixturevalue("real_redis_cluster")
-    dropper: DatabaseDropper = request.getfixturevalue("pg_dropper")
-    pg = PostgresDatabase.create(template=template.name)
-    request.addfinalizer(lambda: dropper.drop_later(pg))
-    return {
-        "database_url": pg.url,
-        "blob_url": s3.url(f"t-{token()}"),
-        "coord_url": cluster.url(f"dstest-{token()}"),
-    }
+    return _real_stack(request, cluster.url(f"dstest-{token()}"))
 
 
 # =======================================================================================

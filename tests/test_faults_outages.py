@@ -403,6 +403,38 @@ def test_a_flush_landing_inside_a_sweep_does_not_get_a_live_worker_reaped(
     status = worker.get_turn(turn.id, tool_calls=False)
     assert (status.status, swept["turns_reaped"]) == ("running", 0), (status.end_reason, swept)
 
+def reconnected_readers_miss_nothing(svc: Any, c: Any, t: str, last: str, seen: list[Any], watcher: Any,
+                                     expected: list[tuple[str, Any]], watcher_timeout: float) -> tuple[list[Any], int]:
+    """After the coordinator lost a running turn's buffer: a client that left before the loss
+    comes back with its ``Last-Event-ID`` and gets the durable history rebuilt (once, in a new
+    epoch), then the live events of the turn's last call and its end; the ``watcher`` that
+    stayed connected is told of the loss (one or two ``stream.rebuilt``) and ends with the
+    same durable history. The turn is completed here. Returns the durable events and how many
+    ``stream.rebuilt`` the watcher saw."""
+    with EventSource(svc.url, f"/v1/turns/{t}/events", token=svc.admin, last_event_id=last) as es:
+        rebuilt = es.read_n(1 + len(expected))
+        assert rebuilt[0].type == "stream.rebuilt" and rebuilt[0].json["deltas_missing"] is True
+        assert keys(rebuilt[1:]) == expected
+        assert rebuilt[-1].epoch not in (seen[-1].epoch, "-")  # the coordinator's new buffer
+        assert es.poll(timeout=0.5) is None  # nothing twice
+        seq = tool_call(c, t, "last")  # the turn goes on, live events follow
+        r = c.post(f"/v1/turns/{t}/complete", json={"assistant_message": "done"})
+        assert r.status_code == 200, r.text
+        live = es.read_to_end(timeout=30)
+    assert keys(live) == [("tool.started", seq), ("tool.completed", seq), ("turn.completed", None),
+                          ("stream.end", None)]
+
+    with watcher:  # told of the loss on its open stream; ends with the same durable history
+        got = watcher.read_to_end(timeout=watcher_timeout)
+    types = [e.type for e in got]
+    assert watcher.ended and not watcher.aborted and types[-1] == "stream.end"
+    assert 1 <= types.count("stream.rebuilt") <= 2, types
+    marker = len(types) - 1 - types[::-1].index("stream.rebuilt")
+    final = [(k, d.get("seq")) for k, d in svc.store.durable_events(t)]
+    assert [k for k in keys(got[marker + 1:]) if k[0] in DURABLE] == final
+    return final, types.count("stream.rebuilt")
+
+
 
 def test_sse_clients_reconnecting_after_a_redis_flush_and_restart_get_the_durable_events(
         pg_db, real_s3: S3Service, own_redis: OwnRedis, services):
@@ -443,28 +475,8 @@ def test_sse_clients_reconnecting_after_a_redis_flush_and_restart_get_the_durabl
     durable = [(k, d.get("seq")) for k, d in svc.store.durable_events(t)]
     assert durable == expected
 
-    # the client that left before the outage comes back with its Last-Event-ID
-    with EventSource(svc.url, f"/v1/turns/{t}/events", token=svc.admin, last_event_id=last) as es:
-        rebuilt = es.read_n(1 + len(expected))
-        assert rebuilt[0].type == "stream.rebuilt" and rebuilt[0].json["deltas_missing"] is True
-        assert keys(rebuilt[1:]) == expected
-        assert rebuilt[-1].epoch not in (seen[-1].epoch, "-")  # the restarted Redis's buffer
-        assert es.poll(timeout=0.5) is None  # nothing twice
-        seq = tool_call(c, t, "last")  # the turn goes on, live events follow
-        r = c.post(f"/v1/turns/{t}/complete", json={"assistant_message": "done"})
-        assert r.status_code == 200, r.text
-        live = es.read_to_end(timeout=30)
-    assert keys(live) == [("tool.started", seq), ("tool.completed", seq), ("turn.completed", None),
-                          ("stream.end", None)]
-
-    with watcher:  # told of the loss on its open stream; ends with the same durable history
-        got = watcher.read_to_end(timeout=30)
-    types = [e.type for e in got]
-    assert watcher.ended and not watcher.aborted and types[-1] == "stream.end"
-    assert 1 <= types.count("stream.rebuilt") <= 2, types  # the flush and the restart (or both seen as one)
-    marker = len(types) - 1 - types[::-1].index("stream.rebuilt")
-    final = [(k, d.get("seq")) for k, d in svc.store.durable_events(t)]
-    assert [k for k in keys(got[marker + 1:]) if k[0] in DURABLE] == final
+    # the restarted Redis's buffer; the watcher saw the flush and the restart (or both as one)
+    final, rebuilds = reconnected_readers_miss_nothing(svc, c, t, last, seen, watcher, expected, watcher_timeout=30)
     assert final[-1] == ("turn.completed", None) and len(final) == 1 + 2 * 6 + 1
 
     # the truth, read through the service
@@ -474,7 +486,7 @@ def test_sse_clients_reconnecting_after_a_redis_flush_and_restart_get_the_durabl
     for path, data in written.items():
         r = c.get(f"/v1/projects/{p}/view/files/{path}")
         assert r.status_code == 200 and r.content == data, path
-    print(f"sse: {types.count('stream.rebuilt')} rebuild(s) on the open stream; 6 tool calls, {len(written)} files; "
+    print(f"sse: {rebuilds} rebuild(s) on the open stream; 6 tool calls, {len(written)} files; "
           f"requests while Redis was dead took {down_s:.2f}s")
 
 

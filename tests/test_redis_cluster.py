@@ -47,6 +47,7 @@ from test_faults_outages import (  # noqa: F401 (fixtures)
     pg_db,
     services,
     sleep_until_epoch,
+    reconnected_readers_miss_nothing,
     stack_of,
     wait_until,
 )
@@ -338,28 +339,8 @@ def test_sse_clients_reconnecting_after_a_master_failover_get_the_durable_events
     durable = [(k, d.get("seq")) for k, d in svc.store.durable_events(t)]
     assert durable == expected
 
-    # the client that left before the outage comes back with its Last-Event-ID
-    with EventSource(svc.url, f"/v1/turns/{t}/events", token=svc.admin, last_event_id=last) as es:
-        rebuilt = es.read_n(1 + len(expected))
-        assert rebuilt[0].type == "stream.rebuilt" and rebuilt[0].json["deltas_missing"] is True
-        assert keys(rebuilt[1:]) == expected
-        assert rebuilt[-1].epoch not in (seen[-1].epoch, "-")  # the new master's buffer
-        assert es.poll(timeout=0.5) is None  # nothing twice
-        seq = tool_call(c, t, "last")  # the turn goes on, live events follow
-        r = c.post(f"/v1/turns/{t}/complete", json={"assistant_message": "done"})
-        assert r.status_code == 200, r.text
-        live = es.read_to_end(timeout=30)
-    assert keys(live) == [("tool.started", seq), ("tool.completed", seq), ("turn.completed", None),
-                          ("stream.end", None)]
-
-    with watcher:  # told of the loss on its open stream; ends with the same durable history
-        got = watcher.read_to_end(timeout=60)
-    types = [e.type for e in got]
-    assert watcher.ended and not watcher.aborted and types[-1] == "stream.end"
-    assert 1 <= types.count("stream.rebuilt") <= 2, types  # the failover (and the events lost during it)
-    marker = len(types) - 1 - types[::-1].index("stream.rebuilt")
-    final = [(k, d.get("seq")) for k, d in svc.store.durable_events(t)]
-    assert [k for k in keys(got[marker + 1:]) if k[0] in DURABLE] == final
+    # the new master's buffer; the watcher saw the failover (and the events lost during it)
+    final, rebuilds = reconnected_readers_miss_nothing(svc, c, t, last, seen, watcher, expected, watcher_timeout=60)
     assert final[-1] == ("turn.completed", None) and len(final) == 1 + 2 * 5 + 1
 
     # the truth, read through the service
@@ -369,5 +350,5 @@ def test_sse_clients_reconnecting_after_a_master_failover_get_the_durable_events
     for path, data in written.items():
         r = c.get(f"/v1/projects/{p}/view/files/{path}")
         assert r.status_code == 200 and r.content == data, path
-    print(f"sse: master :{owner} killed, :{replica} took over; {types.count('stream.rebuilt')} rebuild(s) on the "
+    print(f"sse: master :{owner} killed, :{replica} took over; {rebuilds} rebuild(s) on the "
           f"open stream; 5 tool calls, {len(written)} files; requests while it was dead took {down_s:.2f}s")
