@@ -8,10 +8,13 @@ another request is refused and changes nothing.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import threading
 from typing import Any
 
 import pytest
+import sqlalchemy as sa
 
 from draftstore import IdempotencyConflict, InvalidInput, Store, TurnNotRunning
 
@@ -57,6 +60,39 @@ def test_a_key_reused_for_another_request_is_a_typed_conflict_and_changes_nothin
         assert caught.value.code == "idempotency.conflict"
         assert caught.value.details["seq"] == 1
     assert store.get_turn(t.id).tool_calls == before.tool_calls
+
+
+def test_a_retry_with_its_arguments_in_another_key_order_is_the_same_request(store):
+    """A client that rebuilds its request on retry (or a proxy that re-serialises it)
+    may send the keys in another order: the same arguments, so the same call."""
+    t = running_turn(store)
+    first = store.tool_started(t.id, "search_code", {"pattern": "def ", "path": "src", "limit": 5},
+                               idempotency_key="reordered")
+    again = store.tool_started(t.id, "search_code", {"limit": 5, "path": "src", "pattern": "def "},
+                               idempotency_key="reordered")
+    assert again.seq == first.seq
+    with pytest.raises(IdempotencyConflict):
+        store.tool_started(t.id, "search_code", {"limit": 6, "path": "src", "pattern": "def "},
+                           idempotency_key="reordered")
+    assert history(store, t.id) == [(1, "search_code", "started")]
+
+
+def test_a_start_recorded_by_the_previous_release_is_still_recognised_on_retry(store):
+    """During a rolling deploy a start recorded by a replica of the previous release
+    (its digest was over the arguments as stored) is retried against an upgraded one:
+    it is answered, not refused. The row holds what that release wrote."""
+    t = running_turn(store)
+    first = store.tool_started(t.id, "view_file", {"path": "main.py", "limit": 10}, idempotency_key="old")
+    stored = sa.text("SELECT args_json, args_digest FROM tool_call WHERE turn_id = :t AND seq = :s")
+    with store.database.tx() as conn:
+        args_json, args_digest = conn.execute(stored, {"t": t.id, "s": first.seq}).one()
+        earlier = hashlib.sha256(json.dumps(["view_file", args_json, args_digest, False]).encode()).hexdigest()
+        conn.execute(sa.text("UPDATE tool_call SET request_digest = :d WHERE turn_id = :t AND seq = :s"),
+                     {"d": earlier, "t": t.id, "s": first.seq})
+    assert store.tool_started(t.id, "view_file", {"path": "main.py", "limit": 10}, idempotency_key="old").seq == 1
+    with pytest.raises(IdempotencyConflict):
+        store.tool_started(t.id, "view_file", {"path": "main.py", "limit": 11}, idempotency_key="old")
+    assert history(store, t.id) == [(1, "view_file", "started")]
 
 
 def test_a_big_offloaded_args_payload_is_recognised_on_retry(store):

@@ -116,6 +116,23 @@ def _compact(r: Any, ended_at: datetime) -> str:
         ',"started_at":', dump(_iso(r.started_at)), ',"finished_at":', dump(_iso(finished)), "}"])
 
 
+
+def request_digest(tool_name: str, args: Any, needs_approval: bool) -> str:
+    """What an idempotent tool-call start asked, as a SHA-256 hex digest: the tool, its
+    arguments and whether it needs approval, in canonical JSON (keys sorted), so a retry
+    that sends the same arguments in another key order is the same request. ``args``
+    must already be valid JSON (``validation.json_text``)."""
+    text = json.dumps([tool_name, args, needs_approval], sort_keys=True, ensure_ascii=False,
+                      separators=(",", ":"), allow_nan=False)
+    return sha256(text.encode("utf-8")).hexdigest()
+
+
+def _stored_form_digest(tool_name: str, args_json: str | None, args_digest: str | None,
+                        needs_approval: bool) -> str:
+    """The request digest of releases before ``request_digest``: over the arguments as
+    stored (inline JSON text or blob digest), so key order counted."""
+    return sha256(json.dumps([tool_name, args_json, args_digest, needs_approval]).encode()).hexdigest()
+
 class ToolCalls:
     def __init__(self, db: Database, objects: Objects, coordination: Coordination, limits: Limits) -> None:
         self.db = db
@@ -179,10 +196,8 @@ class ToolCalls:
         check.flag("needs_approval", needs_approval)
         key = check.idempotency_key(idempotency_key)
         args_json, args_digest, args_preview = self._payload("args", args)
-        request = None
-        if key is not None:
-            # no read ahead of the insert: a first start (the usual case) costs what it did
-            request = sha256(json.dumps([tool_name, args_json, args_digest, needs_approval]).encode()).hexdigest()
+        # no read ahead of the insert: a first start (the usual case) costs what it did
+        request = None if key is None else request_digest(tool_name, args, needs_approval)
         now = utcnow()
         status = ToolCallStatus.AWAITING_APPROVAL if needs_approval else ToolCallStatus.STARTED
         params = {"p_turn_id": turn_id, "p_tool_name": tool_name, "p_args_json": args_json, "p_status": status.value,
@@ -195,7 +210,7 @@ class ToolCalls:
             except sa_exc.IntegrityError:
                 if key is not None:
                     # an earlier or concurrent start with the same key: its call is the answer
-                    earlier = self._repeat(turn_id, key, request)
+                    earlier = self._repeat(turn_id, key, request, (tool_name, args_json, args_digest, needs_approval))
                     if earlier is not None:
                         return earlier
                 # two recorders raced for the same seq: take the next one
@@ -212,14 +227,18 @@ class ToolCalls:
                         result=None, result_digest=None, result_preview=None, error=None,
                         started_at=now, ended_at=None)
 
-    def _repeat(self, turn_id: str, key: str, request: str | None) -> ToolCall | None:
+    def _repeat(self, turn_id: str, key: str, request: str | None,
+                stored: tuple[str, str | None, str | None, bool]) -> ToolCall | None:
         """The call a start with ``key`` recorded in this running turn, or None; raises
-        ``idempotency.conflict`` if that start asked something else than ``request``."""
+        ``idempotency.conflict`` if that start asked something else than ``request``.
+        ``stored`` (tool name, args as stored, args' blob digest, needs_approval) also
+        matches a start recorded by a release that digested the stored form (a replica
+        not yet upgraded, during a rolling deploy)."""
         with self.db.tx(read_only=True) as conn:
             row = conn.execute(self._by_key, {"p_turn_id": turn_id, "p_idempotency_key": key}).first()
         if row is None:
             return None
-        if row.request_digest != request:
+        if row.request_digest != request and row.request_digest != _stored_form_digest(*stored):
             raise E.IdempotencyConflict(
                 f"Idempotency-Key {key!r} of turn {turn_id} recorded another request (tool call {row.seq})",
                 turn_id=turn_id, seq=row.seq, idempotency_key=key)

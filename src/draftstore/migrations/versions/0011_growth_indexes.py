@@ -20,7 +20,7 @@ open), and otherwise walked every open draft through ``uq_draft_open``.
 Only indexes are added: nothing earlier is rewritten.
 
 Revision ID: 0011
-Revises: 0009
+Revises: 0010
 """
 
 from __future__ import annotations
