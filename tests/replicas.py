@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from services import require_real
+from services import require_real, stop_process
 
 __all__ = ["HAPROXY", "Balancer", "Replica", "haproxy_config", "haproxy_binary"]
 
@@ -113,13 +113,7 @@ class Replica:
         self.proc.wait(timeout=10)
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc, timeout=20)
 
 
 class Balancer:
@@ -171,10 +165,4 @@ class Balancer:
         return {name: row["status"] for name, row in self.stats().items()}
 
     def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)

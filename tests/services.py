@@ -158,6 +158,19 @@ class PostgresDatabase:
 
 
 # -- PgBouncer -----------------------------------------------------------------------------
+def stop_process(proc: "subprocess.Popen[Any] | None", timeout: float = 10.0) -> None:
+    """Stop a server a test started: SIGTERM, then SIGKILL if it is still running after
+    ``timeout`` seconds; returns once it has exited. Nothing to do if it already has."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -255,13 +268,7 @@ class PgBouncer:
 
     def stop(self) -> None:
         """Stop it (SIGTERM: at once, closing every client and server connection)."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
+        stop_process(self.proc)
         self.tmpdir.cleanup()
 
 
@@ -343,6 +350,64 @@ class RedisServer:
                 client.delete(*batch)
         finally:
             client.close()
+
+
+class PrivateRedis:
+    """A redis-server of one test alone, without persistence, on a free port: flushing,
+    killing (``kill -9``) and restarting it (on the same port, empty) touches nobody else."""
+
+    def __init__(self, workdir: Path) -> None:
+        import shutil
+
+        binary = shutil.which("redis-server")
+        if binary is None:
+            unavailable("redis-server", "not on PATH")
+        self.binary, self.dir, self.port = binary, workdir, _free_port()
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.proc: subprocess.Popen[bytes] | None = None
+        self.starts = 0
+
+    def url(self, prefix: str) -> str:
+        return f"redis://127.0.0.1:{self.port}/0?prefix={prefix}"
+
+    def client(self) -> Any:
+        import redis
+
+        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, socket_timeout=5)
+
+    def start(self) -> "PrivateRedis":
+        """Start it (again, after ``kill``) and return once it answers PING."""
+        import redis
+
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+             "--daemonize", "no", "--dir", str(self.dir)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 15
+        while True:
+            assert self.proc.poll() is None, f"redis-server exited ({self.proc.returncode})"
+            try:
+                with self.client() as r:
+                    r.ping()
+                self.starts += 1
+                return self
+            except redis.ConnectionError:
+                assert time.monotonic() < deadline, "redis-server did not answer within 15 s"
+                time.sleep(0.02)
+
+    def flushall(self) -> None:
+        with self.client() as r:
+            r.flushall()
+            assert r.dbsize() == 0
+
+    def kill(self) -> None:
+        """``kill -9``: gone at once, with everything it held."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        assert self.proc.wait(timeout=10) == -signal.SIGKILL
+
+    def stop(self) -> None:
+        stop_process(self.proc)
 
 
 # -- S3 (SeaweedFS) ------------------------------------------------------------------------
@@ -532,17 +597,12 @@ class LocalRedisCluster:
         log.close()
 
     def stop(self) -> None:
-        import subprocess
 
         for proc in self.procs.values():
             if proc.poll() is None:
-                proc.terminate()
+                proc.terminate()  # all at once: a cluster node waits for no other
         for proc in self.procs.values():
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+            stop_process(proc)
         self.procs.clear()
         self.tmpdir.cleanup()
 

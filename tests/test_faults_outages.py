@@ -46,9 +46,6 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
-import os
-import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -69,7 +66,8 @@ from draftstore.blobs.s3 import S3BlobStore
 from draftstore.coord.redis import RedisCoordinator
 from draftstore.db.engine import create_db_engine
 from service_fixtures import Service, _wait_ready, free_port, stack_env
-from services import PostgresDatabase, RedisServer, S3Service, load_seaweedfs_module, token, unavailable
+from services import (PostgresDatabase, PrivateRedis, RedisServer, S3Service, load_seaweedfs_module, token,
+                      unavailable)
 from test_service_streams import DURABLE, EventSource, keys, new_project, start_turn, tool_call, wait_buffered
 
 # one worker runs the whole file (parallel runs, tests/alone.py): its SeaweedFS is started once, not per worker
@@ -170,70 +168,9 @@ def services(tmp_path: Path) -> Iterator[Callable[..., Service]]:
 
 
 # == Redis ===================================================================================
-class OwnRedis:
-    """A redis-server of this test alone, without persistence: flushing, killing and restarting it
-    (on the same port, empty) touches nobody else."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            unavailable("redis-server", "not on PATH")
-        self.binary, self.dir, self.port = binary, workdir, free_port()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def url(self, prefix: str) -> str:
-        return f"redis://127.0.0.1:{self.port}/0?prefix={prefix}"
-
-    def client(self) -> Any:
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, socket_timeout=5)
-
-    def start(self) -> "OwnRedis":
-        import redis
-
-        self.proc = subprocess.Popen(
-            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-             "--daemonize", "no", "--dir", str(self.dir)],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        while True:
-            assert self.proc.poll() is None, f"redis-server exited ({self.proc.returncode})"
-            try:
-                with self.client() as r:
-                    r.ping()
-                self.starts += 1
-                return self
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not answer within 15 s"
-                time.sleep(0.02)
-
-    def flushall(self) -> None:
-        with self.client() as r:
-            r.flushall()
-            assert r.dbsize() == 0
-
-    def kill(self) -> None:
-        """``kill -9``: gone at once, with everything it held."""
-        assert self.proc is not None and self.proc.poll() is None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        assert self.proc.wait(timeout=10) == -signal.SIGKILL
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 @pytest.fixture
-def own_redis(tmp_path: Path) -> Iterator[OwnRedis]:
-    server = OwnRedis(tmp_path / "redis").start()
+def own_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
+    server = PrivateRedis(tmp_path / "redis").start()
     yield server
     server.stop()
 
@@ -304,7 +241,7 @@ class Ledger:
 
 
 def test_redis_flushed_then_killed_and_restarted_mid_turn_loses_no_truth_and_never_reaps_the_live_worker(
-        pg_db, real_s3: S3Service, own_redis: OwnRedis, opened):
+        pg_db, real_s3: S3Service, own_redis: PrivateRedis, opened):
     ttl = 2.0
     stack = stack_of(pg_db, real_s3.url(f"t-{token()}"), own_redis.url("lib"))
     worker = opened(stack, heartbeat_ttl_s=ttl)
@@ -377,7 +314,7 @@ def test_redis_flushed_then_killed_and_restarted_mid_turn_loses_no_truth_and_nev
 
 
 def test_a_flush_landing_inside_a_sweep_does_not_get_a_live_worker_reaped(
-        pg_db, real_s3: S3Service, own_redis: OwnRedis, opened, monkeypatch):
+        pg_db, real_s3: S3Service, own_redis: PrivateRedis, opened, monkeypatch):
     ttl = 1.0
     stack = stack_of(pg_db, real_s3.url(f"t-{token()}"), own_redis.url("race"))
     worker = opened(stack, heartbeat_ttl_s=ttl)
@@ -437,7 +374,7 @@ def reconnected_readers_miss_nothing(svc: Any, c: Any, t: str, last: str, seen: 
 
 
 def test_sse_clients_reconnecting_after_a_redis_flush_and_restart_get_the_durable_events(
-        pg_db, real_s3: S3Service, own_redis: OwnRedis, services):
+        pg_db, real_s3: S3Service, own_redis: PrivateRedis, services):
     svc = services(stack_of(pg_db, real_s3.url(f"t-{token()}"), own_redis.url("svc")))
     c = svc.client()
     p = new_project(c, "outage")
@@ -589,7 +526,7 @@ def draft_state(store: Store, project_id: str, turn_id: str) -> tuple[Any, ...]:
 
 
 def test_text_sent_while_redis_is_down_is_refused_retryable_and_lands_once_it_is_back(
-        pg_db, real_s3: S3Service, own_redis: OwnRedis, services):
+        pg_db, real_s3: S3Service, own_redis: PrivateRedis, services):
     """A delta lives only in the buffer: while Redis is down the service must not acknowledge
     one (503, retryable) rather than drop it silently; the turn itself goes on."""
     svc = services(stack_of(pg_db, real_s3.url(f"t-{token()}"), own_redis.url("svc")))

@@ -26,8 +26,6 @@ import json
 import os
 import re
 import secrets
-import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -45,7 +43,7 @@ import pytest
 import sqlalchemy as sa
 
 from service_fixtures import Service, free_port
-from services import unavailable
+from services import PrivateRedis
 
 TURN_END = {"turn.completed", "turn.interrupted", "turn.failed", "turn.rolled_back"}
 DURABLE = {"turn.started", "tool.started", "tool.awaiting_approval", "tool.approved", "tool.denied",
@@ -731,7 +729,7 @@ def test_a_client_back_with_the_id_of_a_history_rebuilt_before_its_buffer_existe
     # a rebuild made while no buffer exists leaves the client the id "-:0"; the buffer created after
     # it may hold events the rebuild sent already (they are appended off their operation's path),
     # so a client back with that id gets the history rebuilt again, never an event of it twice
-    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url('svc')})
     c = svc.client()
     p = new_project(c)
     t = start_turn(c, p)
@@ -783,58 +781,6 @@ def test_a_keep_alive_interval_that_is_not_a_positive_number_stops_the_service_a
 
 
 # == a lost buffer ================================================================================
-class PrivateRedis:
-    """A redis-server of this test alone (no persistence): flushing or killing it touches no one else."""
-
-    def __init__(self, workdir: Path) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            unavailable("redis-server", "not on PATH")
-        self.binary, self.dir, self.port = binary, workdir, free_port()
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0?prefix=svc"
-
-    def client(self) -> Any:
-        import redis
-
-        return redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=2, socket_timeout=5)
-
-    def start(self) -> "PrivateRedis":
-        import redis
-
-        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.dir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 15
-        while True:
-            assert self.proc.poll() is None, f"redis-server exited ({self.proc.returncode})"
-            try:
-                with self.client() as r:
-                    r.ping()
-                return self
-            except redis.ConnectionError:
-                assert time.monotonic() < deadline, "redis-server did not answer within 15 s"
-                time.sleep(0.05)
-
-    def kill9(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        assert self.proc.wait(timeout=10) == -signal.SIGKILL
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=10)
-
-
 @pytest.fixture
 def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
     server = PrivateRedis(tmp_path / "redis").start()
@@ -845,7 +791,7 @@ def private_redis(tmp_path: Path) -> Iterator[PrivateRedis]:
 @pytest.mark.parametrize("loss", ["flushall", "kill -9 and restart"])
 def test_a_client_coming_back_after_the_buffer_was_lost_gets_the_durable_history_then_live_events(
         service_factory, private_redis: PrivateRedis, loss: str):
-    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url('svc')})
     c = svc.client()
     p = new_project(c)
     t = start_turn(c, p)
@@ -864,7 +810,7 @@ def test_a_client_coming_back_after_the_buffer_was_lost_gets_the_durable_history
         with private_redis.client() as r:
             r.flushall()
     else:
-        private_redis.kill9()
+        private_redis.kill()
         tool_call(c, t)  # the work goes on while the coordinator is down: this call's events reach no buffer
         private_redis.start()
     tool_call(c, t)  # after the loss: its events start a new buffer
@@ -912,7 +858,7 @@ def test_a_projects_stream_and_an_after_id_are_rebuilt_from_the_database_after_t
     """A project's subscriber that lost its buffer gets its committed events rebuilt (publishes,
     rollbacks, discarded drafts; an observer, without the drafts), then live ones; ``?after=`` with
     the id it last got is read as ``Last-Event-ID`` is, for turns too (the loss is told, not hidden)."""
-    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url('svc')})
     c = svc.client()
     p = new_project(c)
     v1 = c.get(f"/v1/projects/{p}").json()["current_version_id"]
@@ -978,7 +924,7 @@ def test_the_json_page_of_a_turn_whose_buffer_was_flushed_lists_its_committed_ev
         service_factory, private_redis: PrivateRedis):
     """The JSON page mode reads what SSE reads: once the buffer is lost, the turn's committed
     events from the database, marked ``rebuilt`` as the stream's ``stream.rebuilt`` is."""
-    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url('svc')})
     c = svc.client()
     p = new_project(c)
     t = start_turn(c, p)
@@ -1015,7 +961,7 @@ def test_a_fresh_subscriber_to_a_turn_whose_buffer_was_recreated_gets_the_rebuil
         service_factory, private_redis: PrivateRedis):
     """A buffer created anew after a loss also starts at id 1, but not at the turn's start: a
     client with no Last-Event-ID is sent the rebuilt history, not the new buffer's tail alone."""
-    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url})
+    svc = service_factory(env={"DRAFTSTORE_COORD_URL": private_redis.url('svc')})
     c = svc.client()
     p = new_project(c)
     t = start_turn(c, p)
