@@ -32,6 +32,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -705,23 +706,32 @@ def test_a_client_subscribing_the_moment_a_turn_starts_gets_its_history_once_and
         service: Service):
     # the subscriber connects as soon as POST .../turns answers, fifty times: the buffer is there and
     # whole by then (turn.started is appended before the answer), so nothing is "rebuilt" although
-    # nothing was lost, and reconnecting with the last id it got repeats nothing
-    c = service.client()
-    p = new_project(c)
-    for i in range(50):
-        t = start_turn(c, p, cont=i > 0)
-        with sse(service, f"/v1/turns/{t}/events") as es:
-            first = es.read_n(1)[0]
-            assert first.type == "turn.started" and first.n == 1, (i, first)
-            tool_call(c, t)
-            complete(c, t)
-            got = [first] + es.read_to_end()
-        assert [e.type for e in got].count("stream.rebuilt") == 0, (i, [e.type for e in got])
-        assert keys(got) == [("turn.started", None), ("tool.started", 1), ("tool.completed", 1),
-                             ("turn.completed", None), ("stream.end", None)], i
-        assert_ids_increase(got[:-1])
-        with sse(service, f"/v1/turns/{t}/events", last_event_id=got[-2].last_event_id) as back:
-            assert [e.type for e in back.read_to_end()] == ["stream.end"]
+    # nothing was lost, and reconnecting with the last id it got repeats nothing. Ten agents on ten
+    # projects at once, five turns each: a stream ends only AFTER_END_S after its turn (and a
+    # reconnect after END_GRACE_S), waits that would otherwise add up turn after turn
+    agents, turns_each = 10, 5
+
+    def agent(n: int) -> None:
+        c = service.client()
+        p = new_project(c, f"moment-{n}")
+        for i in range(turns_each):
+            t = start_turn(c, p, cont=i > 0)
+            with sse(service, f"/v1/turns/{t}/events") as es:
+                first = es.read_n(1)[0]
+                assert first.type == "turn.started" and first.n == 1, (n, i, first)
+                tool_call(c, t)
+                complete(c, t)
+                got = [first] + es.read_to_end()
+            assert [e.type for e in got].count("stream.rebuilt") == 0, (n, i, [e.type for e in got])
+            assert keys(got) == [("turn.started", None), ("tool.started", 1), ("tool.completed", 1),
+                                 ("turn.completed", None), ("stream.end", None)], (n, i)
+            assert_ids_increase(got[:-1])
+            with sse(service, f"/v1/turns/{t}/events", last_event_id=got[-2].last_event_id) as back:
+                assert [e.type for e in back.read_to_end()] == ["stream.end"], (n, i)
+
+    with ThreadPoolExecutor(agents) as pool:
+        for done in [pool.submit(agent, n) for n in range(agents)]:
+            done.result()  # an agent's failed assertion fails the test
 
 
 def test_a_client_back_with_the_id_of_a_history_rebuilt_before_its_buffer_existed_gets_nothing_twice(
