@@ -19,12 +19,12 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.dialects.postgresql import JSONB
 
-from draftstore import Store
+from draftstore import IntegrityError, Store
 from draftstore.blobs import DirectoryBlobStore
 from draftstore.blobs.cache import ObjectCache
 from draftstore.coord import MemoryCoordinator
 from draftstore.db.engine import create_db_engine
-from draftstore.db.migrate import current_revision, head_revision, upgrade
+from draftstore.db.migrate import SCHEMA_HEAD, current_revision, head_revision, scripts_head, upgrade
 from draftstore.db.tables import D, T, TC, utcnow
 from draftstore.digest import EMPTY_TREE
 from draftstore.trees import FileEntry, TreeReader
@@ -303,6 +303,26 @@ def by_open(url: str, tmp_path: Path) -> Store:
 def by_open_embedded(url: str, tmp_path: Path) -> Store:
     """On SQLite, opening a store migrates without being asked."""
     return Store.open(database_url=url, blob_url=f"file://{tmp_path}/blobs", coord_url="memory://")
+
+
+def test_the_schema_head_the_store_checks_is_the_head_of_the_migration_scripts():
+    """Opening a store compares the database with ``SCHEMA_HEAD`` without reading the
+    scripts: a new migration must move it, or every store would refuse (or accept) the
+    wrong schema."""
+    assert scripts_head() == SCHEMA_HEAD == head_revision()
+
+
+def test_a_database_with_two_schema_heads_is_refused_typed(tmp_path):
+    engine = create_db_engine(f"sqlite:///{tmp_path}/heads.db")
+    try:
+        upgrade(engine)
+        with engine.begin() as conn:
+            conn.exec_driver_sql("INSERT INTO alembic_version (version_num) VALUES ('9999')")
+        with pytest.raises(IntegrityError) as caught:
+            current_revision(engine)
+        assert caught.value.details["heads"] == [SCHEMA_HEAD, "9999"]
+    finally:
+        engine.dispose()
 
 
 @pytest.mark.parametrize("how", [by_upgrade, by_open, by_open_embedded], ids=lambda f: f.__name__)
