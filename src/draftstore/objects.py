@@ -82,9 +82,8 @@ class Objects:
         return self._reads.submit(fn, *args)
 
     def start_readers(self) -> None:
-        """Start the read pool's threads now, not in a request, each ready to read
-        from the blob store (its connection open, on a store that has one per thread)."""
-        start_workers(self._reads, _READERS, self.raw.warm_thread)
+        """Start the read pool's threads now, not in a request."""
+        start_workers(self._reads, _READERS)
 
     def clear_caches(self) -> None:
         """Forget every object and decoded pack held in memory: the next reads fetch

@@ -39,14 +39,12 @@ def drain(futures: list[Future[Any]]) -> None:
     wait(futures)
 
 
-def start_workers(pool: ThreadPoolExecutor, n: int, each: Callable[[], None] | None = None) -> None:
-    """Start ``n`` of the pool's threads now (each runs ``each`` first, if given), not
-    in a request; returns once they all run, or after 2 s."""
+def start_workers(pool: ThreadPoolExecutor, n: int) -> None:
+    """Start ``n`` of the pool's threads now, not in a request; returns once they all
+    run, or after 2 s."""
     started = threading.Barrier(n + 1)
 
     def wait() -> None:
-        if each is not None:
-            each()
         try:
             started.wait(timeout=2.0)
         except threading.BrokenBarrierError:

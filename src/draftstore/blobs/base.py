@@ -52,8 +52,6 @@ class BlobStore(Protocol):
 
     def iter_objects(self) -> Iterator["StoredObject"]: ...
 
-    def warm_thread(self) -> None: ...
-
     def close(self) -> None: ...
 
 
@@ -121,10 +119,6 @@ class BlobStoreBase:
         return None if data is None else data[start:start + length]
 
     # -- the contract -----------------------------------------------------------------
-    def warm_thread(self) -> None:
-        """Ready the calling thread to read (a pool thread, at start-up): a backend
-        whose connections are per thread opens this one's. Never raises."""
-
     def put(self, data: bytes) -> Digest:
         """Store ``data``; idempotent; returns its digest. Storing an object that
         exists makes it young again, so garbage collection's grace protects a

@@ -180,7 +180,7 @@ class S3BlobStore(BlobStoreBase):
         self._calls_lock = threading.Lock()
         if check:
             self._check_bucket(create)
-            start_workers(self._executor(), self.workers, self.warm_thread)
+            start_workers(self._executor(), self.workers)
 
     def _open(self, prefix: str, root_certificates: str | None, *, connect_timeout_s: float,
               read_timeout_s: float) -> S3Store:
