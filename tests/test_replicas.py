@@ -345,9 +345,22 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
     # -- every reader saw each followed turn's buffer exactly ---------------------------------------
     events_seen = 0
     missing_tool_events = 0
+    rebuilt_turns = 0
     for reader in readers:
         for t, got in reader.events.items():
             assert got and got[-1][1] == "stream.end", f"turn {t}: the reader never saw its stream end"
+            kinds = [kind for _, kind, _ in got]
+            if "stream.rebuilt" in kinds:
+                # the turn's end never reached the buffer (the killed replica committed it and died before
+                # appending it): the stream found the turn ended in the database and sent its history
+                # rebuilt from there, then ended
+                rebuilt_turns += 1
+                durable = kinds[len(kinds) - 1 - kinds[::-1].index("stream.rebuilt") + 1:-1]
+                calls = store.get_turn(t).tool_calls
+                assert durable[0] == "turn.started" and durable[-1] == "turn.completed", (t, kinds)
+                assert durable.count("tool.started") == len(calls) == durable.count("tool.completed"), (t, kinds)
+                events_seen += len(got)
+                continue
             ids = [i for i, _, _ in got[:-1]]  # stream.end has no id of its own (it repeats the last one)
             assert len(ids) == len(set(ids)), f"turn {t}: a duplicate event id: {ids}"
             ns = [int(i.rpartition(":")[2]) for i in ids]
@@ -377,5 +390,6 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
         },
         "sse": {"readers": len(readers), "turns_followed": sum(len(r.events) for r in readers),
                 "events": events_seen, "reconnects": sum(r.reconnects for r in readers),
-                "tool_started_events_missing_from_buffer": missing_tool_events},
+                "tool_started_events_missing_from_buffer": missing_tool_events,
+                "turns_whose_end_was_rebuilt_from_the_database": rebuilt_turns},
     }

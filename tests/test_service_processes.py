@@ -22,7 +22,9 @@ from draftstore import Store
 from draftstore.blobs import open_blob_store
 from draftstore.coord import Coordinator, open_coordinator
 from draftstore.db.engine import create_db_engine
+from draftstore.service.routes.streams import END_GRACE_S, IDLE_CHECK_S
 from service_fixtures import Service
+from test_faults_kill import Output, in_background, kill_service
 from test_service_streams import (b64, complete, delta, ends_with, keys, new_project, sse, start_turn, tool_call,
                                   wait_buffered)
 
@@ -286,3 +288,37 @@ def test_an_event_another_process_appends_just_after_the_turn_ended_still_reache
         held.released.set()
         elsewhere.close()
     assert keys(rest) == [("turn.completed", None), ("tool.started", seq), ("stream.end", None)]
+
+
+def test_a_live_stream_ends_even_when_the_process_that_ended_the_turn_was_killed_before_telling_the_buffer(
+        service_factory):
+    """A process appends a turn's end event just after committing the end: killed (``kill -9``)
+    between the two, the end is in the database and never reaches the buffer. A stream
+    following the turn through another process must not wait for it for ever: once idle for
+    ``IDLE_CHECK_S`` it finds the turn ended, and sends the history rebuilt, then ends."""
+    reader = service_factory()
+    ender = service_factory(env={"DRAFTSTORE_PAUSE_AT": "turn.end.after_commit"})
+    c, e = reader.client(), ender.client()
+    p = new_project(c)
+    t = start_turn(c, p)
+    seq = tool_call(c, t)
+    wait_buffered(c, t, ends_with("tool.completed"))
+    output = Output(ender.proc)
+    with sse(reader, f"/v1/turns/{t}/events") as es:
+        assert keys(es.read_n(3)) == [("turn.started", None), ("tool.started", seq), ("tool.completed", seq)]
+        thread, reply = in_background(lambda: e.post(f"/v1/turns/{t}/complete", json={"assistant_message": "done"}))
+        output.wait_for("paused at turn.end.after_commit")
+        killed_at = time.monotonic()
+        kill_service(ender.proc)
+        thread.join(timeout=30)
+        assert "error" in reply, reply  # the end committed, and nobody was told
+        assert reader.store.get_turn(t, tool_calls=False).status == "completed"
+        rest = es.read_to_end(timeout=IDLE_CHECK_S + END_GRACE_S + 15)
+        ended_after = time.monotonic() - killed_at
+    assert rest[0].type == "stream.rebuilt", [x.type for x in rest]
+    assert keys(rest[1:]) == [("turn.started", None), ("tool.started", seq), ("tool.completed", seq),
+                              ("turn.completed", None), ("stream.end", None)], keys(rest)
+    assert ended_after < IDLE_CHECK_S + END_GRACE_S + 10, ended_after
+    # the buffer itself still lacks the end: a client connecting now gets the stream ended after the grace
+    with sse(reader, f"/v1/turns/{t}/events") as again:
+        assert [x.type for x in again.read_to_end()][-1] == "stream.end"

@@ -23,7 +23,11 @@ A turn's stream ends (``stream.end``) after the turn's end event, once
 ``AFTER_END_S`` has passed with nothing more to send: each process appends
 the events it emitted itself, within about 10 ms, so an event of the turn
 sent through another process just before the turn ended can reach the buffer
-just after the end event, and it is still sent. A client that reconnects
+just after the end event, and it is still sent. A process killed between a
+commit and its append loses that event from the buffer (never from the
+database); if it was the turn's end, a stream idle for ``IDLE_CHECK_S`` finds
+the turn ended in the database and, ``END_GRACE_S`` later, still no end event
+in the buffer: it sends the history rebuilt (``stream.rebuilt``) and ends. A client that reconnects
 once the turn has ended gets ``stream.end`` when nothing is left to send
 (after ``END_GRACE_S``, time for a just-emitted end event to reach the
 buffer). A stream outlives a coordinator outage: it waits for the
@@ -79,6 +83,7 @@ router = APIRouter(prefix="/v1", tags=["events"])
 MAX_EVENT_ID = 2**62  # ids count one stream's events: anything above names no event (and fits every backend)
 POLL_S = 0.2
 END_GRACE_S = 1.0
+IDLE_CHECK_S = 10.0  # a running turn's stream idle this long asks the database whether the turn has ended
 AFTER_END_S = 0.5  # after the end event: fifty times the bound on another process's late append
 MAX_RETRY_S = 2.0  # longest wait between attempts to reach an unreachable coordinator
 BATCH = 500
@@ -153,6 +158,8 @@ class _Stream:
         # the turn had ended when the client connected: once nothing is left to send, the stream ends
         self.end_by = time.monotonic() + END_GRACE_S if turn_ended else None
         self.rebuilt_keys: set[tuple[str, Any]] = set()  # durable events the last rebuild sent
+        self.checked_at = time.monotonic()  # when the stream last sent an event or asked the database
+        self.ended_seen_at: float | None = None  # when the database said the turn had ended, its end unseen
 
     async def tail(self, after: int) -> Tail:
         """The buffer from ``after``. While the coordinator is unreachable the stream waits for it (keep-alive
@@ -243,12 +250,39 @@ class _Stream:
                     yield _sse(self.epoch, event)
                 if self.turn_id and event.type in TURN_END and self.end_by is None:
                     self.end_by = time.monotonic() + AFTER_END_S  # then: what other processes append late
-            if not tail.events:
+            if tail.events:
+                self.checked_at = time.monotonic()
+            else:
                 now = time.monotonic()
                 if self.end_by is not None and now >= self.end_by:
                     break  # the turn has ended, and the client has everything
+                if await self._end_lost(now):
+                    async for e in self.rebuilt("the turn ended but its end event never reached the buffer"):
+                        yield e
+                    continue
                 await asyncio.sleep(POLL_S if self.end_by is None else min(POLL_S, self.end_by - now))
         yield ServerSentEvent("{}", event="stream.end")
+
+    async def _end_lost(self, now: float) -> bool:
+        """Whether the turn ended in the database at least ``END_GRACE_S`` ago while its
+        end event never reached the buffer: the process that emitted it died between its
+        commit and the append (its events go to the buffer off the request's path). A
+        running turn's stream asks after ``IDLE_CHECK_S`` without events, so an idle
+        subscriber costs one read of the turn's row per interval."""
+        if self.turn_id is None or self.end_by is not None:
+            return False
+        if self.ended_seen_at is not None:
+            return now - self.ended_seen_at >= END_GRACE_S
+        if now - self.checked_at < IDLE_CHECK_S:
+            return False
+        self.checked_at = now
+        try:
+            turn = await run_sync(self.store.get_turn, self.turn_id, tool_calls=False)
+        except E.DraftstoreError:
+            return False  # the database is unreachable, or the turn is gone: the next interval asks again
+        if turn.status != TurnStatus.RUNNING:
+            self.ended_seen_at = now
+        return False
 
 
 def _response(request: Request, stream: _Stream, position: tuple[str | None, int] | None) -> EventSourceResponse:
