@@ -272,7 +272,10 @@ class _Stream:
         if self.turn_id is None or self.end_by is not None:
             return False
         if self.ended_seen_at is not None:
-            return now - self.ended_seen_at >= END_GRACE_S
+            if now - self.ended_seen_at < END_GRACE_S:
+                return False
+            self.ended_seen_at, self.checked_at = None, now  # one rebuild; asked again only after another interval
+            return True
         if now - self.checked_at < IDLE_CHECK_S:
             return False
         self.checked_at = now
