@@ -116,7 +116,6 @@ def _compact(r: Any, ended_at: datetime) -> str:
         ',"started_at":', dump(_iso(r.started_at)), ',"finished_at":', dump(_iso(finished)), "}"])
 
 
-
 def request_digest(tool_name: str, args: Any, needs_approval: bool) -> str:
     """What an idempotent tool-call start asked, as a SHA-256 hex digest: the tool, its
     arguments and whether it needs approval, in canonical JSON (keys sorted), so a retry
@@ -132,6 +131,7 @@ def _stored_form_digest(tool_name: str, args_json: str | None, args_digest: str 
     """The request digest of releases before ``request_digest``: over the arguments as
     stored (inline JSON text or blob digest), so key order counted."""
     return sha256(json.dumps([tool_name, args_json, args_digest, needs_approval]).encode()).hexdigest()
+
 
 class ToolCalls:
     def __init__(self, db: Database, objects: Objects, coordination: Coordination, limits: Limits) -> None:

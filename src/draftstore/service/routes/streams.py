@@ -27,8 +27,8 @@ just after the end event, and it is still sent. A process killed between a
 commit and its append loses that event from the buffer (never from the
 database); if it was the turn's end, a stream idle for ``IDLE_CHECK_S`` finds
 the turn ended in the database and, ``END_GRACE_S`` later, still no end event
-in the buffer: it sends the history rebuilt (``stream.rebuilt``) and ends. A client that reconnects
-once the turn has ended gets ``stream.end`` when nothing is left to send
+in the buffer: it sends the history rebuilt (``stream.rebuilt``) and ends. A
+client that reconnects once the turn has ended gets ``stream.end`` when nothing is left to send
 (after ``END_GRACE_S``, time for a just-emitted end event to reach the
 buffer). A stream outlives a coordinator outage: it waits for the
 coordinator, then goes on (or is rebuilt, if the buffer was lost).
