@@ -14,10 +14,12 @@ A ``Service`` has ``url``, ``client(token=...)`` (an httpx client), ``store``
 from __future__ import annotations
 
 import os
+import queue
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -120,3 +122,44 @@ def service_factory(stack: dict[str, str]) -> Iterator[Callable[..., Service]]:
 @pytest.fixture
 def service(service_factory: Callable[..., Service]) -> Service:
     return service_factory()
+
+
+# -- a service's output, a request left hanging, a kill -9 (the fault tests) ---------------------------------
+class Output:
+    """A service's merged stdout and stderr, read on a thread."""
+
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self.q: queue.Queue[str] = queue.Queue()
+        self.seen: list[str] = []
+        threading.Thread(target=lambda: [self.q.put(b.decode(errors="replace")) for b in proc.stdout],  # type: ignore
+                         daemon=True).start()
+
+    def wait_for(self, text: str, timeout: float = 60) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.seen):
+            try:
+                self.seen.append(self.q.get(timeout=max(0.0, deadline - time.monotonic())))
+            except queue.Empty:
+                pytest.fail(f"the service never printed {text!r}:\n{''.join(self.seen[-40:])}")
+
+
+def in_background(call: Callable[[], httpx.Response]) -> tuple[threading.Thread, dict[str, Any]]:
+    """A request sent on a thread (it hangs where the service pauses); ``out`` gets its response or error."""
+    out: dict[str, Any] = {}
+
+    def send() -> None:
+        try:
+            out["response"] = call()
+        except httpx.HTTPError as exc:
+            out["error"] = exc
+
+    thread = threading.Thread(target=send, daemon=True)
+    thread.start()
+    return thread, out
+
+
+def kill_service(proc: subprocess.Popen[bytes]) -> float:
+    os.kill(proc.pid, signal.SIGKILL)
+    at = time.time()
+    assert proc.wait(timeout=30) == -signal.SIGKILL
+    return at

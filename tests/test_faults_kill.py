@@ -51,6 +51,7 @@ import sqlalchemy as sa
 
 from draftstore import Settings, Store
 from draftstore.db.tables import D, V
+from service_fixtures import Output, in_background, kill_service
 
 TTL = 1.0  # heartbeat TTL of the workers, the services and the sweeper
 SWEEP_EVERY = 0.2  # how often the test sweeps while it waits for a dead worker's turn
@@ -697,46 +698,6 @@ def test_a_draft_snapshot_killed_after_its_upload_is_built_by_the_background_wor
 
 
 # -- the HTTP service ----------------------------------------------------------------------------------------
-class Output:
-    """A service's merged stdout and stderr, read on a thread."""
-
-    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
-        self.q: queue.Queue[str] = queue.Queue()
-        self.seen: list[str] = []
-        threading.Thread(target=lambda: [self.q.put(b.decode(errors="replace")) for b in proc.stdout],  # type: ignore
-                         daemon=True).start()
-
-    def wait_for(self, text: str, timeout: float = 60) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.seen):
-            try:
-                self.seen.append(self.q.get(timeout=max(0.0, deadline - time.monotonic())))
-            except queue.Empty:
-                pytest.fail(f"the service never printed {text!r}:\n{''.join(self.seen[-40:])}")
-
-
-def in_background(call: Callable[[], httpx.Response]) -> tuple[threading.Thread, dict[str, Any]]:
-    """A request sent on a thread (it hangs where the service pauses); ``out`` gets its response or error."""
-    out: dict[str, Any] = {}
-
-    def send() -> None:
-        try:
-            out["response"] = call()
-        except httpx.HTTPError as exc:
-            out["error"] = exc
-
-    thread = threading.Thread(target=send, daemon=True)
-    thread.start()
-    return thread, out
-
-
-def kill_service(proc: subprocess.Popen[bytes]) -> float:
-    os.kill(proc.pid, signal.SIGKILL)
-    at = time.time()
-    assert proc.wait(timeout=30) == -signal.SIGKILL
-    return at
-
-
 class ServiceCampaign:
     def __init__(self, service_factory: Callable[..., Any], store: Store, rng: random.Random) -> None:
         self.start_service, self.store, self.rng = service_factory, store, rng

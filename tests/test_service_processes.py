@@ -23,8 +23,7 @@ from draftstore.blobs import open_blob_store
 from draftstore.coord import Coordinator, open_coordinator
 from draftstore.db.engine import create_db_engine
 from draftstore.service.routes.streams import END_GRACE_S, IDLE_CHECK_S
-from service_fixtures import Service
-from test_faults_kill import Output, in_background, kill_service
+from service_fixtures import Output, Service, in_background, kill_service
 from test_service_streams import (b64, complete, delta, ends_with, keys, new_project, sse, start_turn, tool_call,
                                   wait_buffered)
 
