@@ -355,7 +355,8 @@ def drive(store: Store, admin: str, agent_token: str, replicas: list[Replica], b
                 # appending it): the stream found the turn ended in the database and sent its history
                 # rebuilt from there, then ended
                 rebuilt_turns += 1
-                durable = kinds[len(kinds) - 1 - kinds[::-1].index("stream.rebuilt") + 1:-1]
+                after_last_rebuilt = len(kinds) - kinds[::-1].index("stream.rebuilt")
+                durable = kinds[after_last_rebuilt:-1]  # the rebuilt history, without stream.end
                 calls = store.get_turn(t).tool_calls
                 assert durable[0] == "turn.started" and durable[-1] == "turn.completed", (t, kinds)
                 assert durable.count("tool.started") == len(calls) == durable.count("tool.completed"), (t, kinds)
