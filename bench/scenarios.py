@@ -43,7 +43,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from draftstore import Store
 from draftstore.digest import digest_of

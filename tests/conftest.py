@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 
 from alone import pytest_configure, pytest_runtest_protocol, pytest_unconfigure  # noqa: F401
-from services import DatabaseDropper, LocalRedisCluster, PostgresDatabase, RedisServer, S3Service, require_real, token
+from services import DatabaseDropper, LocalRedisCluster, PostgresDatabase, RedisServer, S3Service, token
 from services import pytest_runtest_makereport  # noqa: F401  (a real test never skips in CI)
 
 FLAVOURS = ["embedded", pytest.param("real", marks=pytest.mark.real)]

@@ -16,7 +16,6 @@ import time
 from typing import Any
 
 import httpx
-import pytest
 
 from draftstore import Store
 from draftstore.blobs import open_blob_store
