@@ -23,7 +23,7 @@ import pytest
 import sqlalchemy as sa
 
 from draftstore import Settings, Store, TurnNotRunning
-from draftstore.db.tables import C, TC
+from draftstore.db.tables import DRAFT_CHANGES, TOOL_CALLS
 
 HEARTBEAT_TTL_S = 1.0
 
@@ -139,7 +139,8 @@ def test_a_worker_killed_while_ending_its_turn_leaves_it_running_and_the_sweep_s
     assert turn.status == "running" and turn.end_root is None and turn.assistant_message is None
     assert [(c.seq, c.status) for c in turn.tool_calls] == [(1, "completed")]
     with store.engine.connect() as conn:
-        assert conn.execute(sa.select(sa.func.count()).select_from(TC).where(TC.c.turn_id == t)).scalar() == 1
+        assert conn.execute(sa.select(sa.func.count()).select_from(TOOL_CALLS)
+                            .where(TOOL_CALLS.c.turn_id == t)).scalar() == 1
     assert store.view(p.id).read_text("done.py") == "done = True\n"  # acknowledged before the kill
 
     _sweep_until_reaped(store, t)
@@ -147,8 +148,10 @@ def test_a_worker_killed_while_ending_its_turn_leaves_it_running_and_the_sweep_s
     assert turn.status == "interrupted" and turn.end_root == store.get_draft(p.id).root
     assert [(c.seq, c.status, c.result) for c in turn.tool_calls] == [(1, "completed", {"ok": True})]
     with store.engine.connect() as conn:  # sealed: the overlay is folded, the history compacted
-        assert conn.execute(sa.select(sa.func.count()).select_from(C).where(C.c.draft_id == turn.draft_id)).scalar() == 0
-        assert conn.execute(sa.select(sa.func.count()).select_from(TC).where(TC.c.turn_id == t)).scalar() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(DRAFT_CHANGES)
+                            .where(DRAFT_CHANGES.c.draft_id == turn.draft_id)).scalar() == 0
+        assert conn.execute(sa.select(sa.func.count()).select_from(TOOL_CALLS)
+                            .where(TOOL_CALLS.c.turn_id == t)).scalar() == 0
     end = store.view_at_turn(t, "end")
     assert end.read_text("done.py") == "done = True\n" and end.characters["dragon"] == {"hp": 99}
     nxt = store.continue_turn(p.id, "pick up where the dead worker stopped")

@@ -50,7 +50,7 @@ import pytest
 import sqlalchemy as sa
 
 from draftstore import Settings, Store
-from draftstore.db.tables import D, V
+from draftstore.db.tables import DRAFTS, VERSIONS
 from service_fixtures import Output, in_background, kill_service
 
 TTL = 1.0  # heartbeat TTL of the workers, the services and the sweeper
@@ -378,7 +378,8 @@ def assert_references_resolve(store: Store, where: str) -> None:
 
 def assert_nothing_publishing(store: Store, where: str) -> None:
     with store.engine.connect() as conn:
-        stuck = conn.execute(sa.select(D.c.id).where(D.c.status == "publishing", D.c.closed_at.is_(None))).all()
+        stuck = conn.execute(sa.select(DRAFTS.c.id).where(DRAFTS.c.status == "publishing",
+                                                          DRAFTS.c.closed_at.is_(None))).all()
     assert not stuck, f"{where}: drafts left publishing: {stuck}"
 
 
@@ -592,7 +593,8 @@ class Campaign:
             assert project.active_draft_id is None, f"{where}: the published draft is still open"
         elif point == "pack.after_upload":
             with store.engine.connect() as conn:
-                unpacked = conn.execute(sa.select(V.c.id).where(V.c.project_id == p, V.c.packed_at.is_(None))).all()
+                unpacked = conn.execute(sa.select(VERSIONS.c.id).where(VERSIONS.c.project_id == p,
+                                                                       VERSIONS.c.packed_at.is_(None))).all()
             assert unpacked, f"{where}: the version was marked packed though its packer died"
         elif point == "snapshot.after_upload":
             snap = store.list_snapshots(p)[-1]

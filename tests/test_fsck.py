@@ -32,7 +32,7 @@ import sqlalchemy as sa
 
 from draftstore import Settings, Store
 from draftstore.blobs import DirectoryBlobStore, object_key
-from draftstore.db.tables import PK, PO, T
+from draftstore.db.tables import PACKS, PACK_OBJECTS, TURNS
 from draftstore.digest import Digest, digest_of
 from draftstore.fsck import Problem
 
@@ -82,7 +82,7 @@ def triples(problems: list[Problem]) -> set[tuple[str, str, str]]:
 
 def pack_rows(store: Store) -> list[Any]:
     with store.engine.connect() as conn:
-        return conn.execute(sa.select(PK)).all()
+        return conn.execute(sa.select(PACKS)).all()
 
 
 def pack_where(row: Any) -> str:
@@ -190,7 +190,7 @@ def test_missing_states_payloads_bundles_and_overlay_blobs_are_reported_with_the
     store.write_file(t2.id, "src/wip.py", wip)
     draft = store.get_draft(p.id)
     with store.engine.connect() as conn:
-        end_state = conn.execute(sa.select(T.c.end_state_digest).where(T.c.id == t1.id)).scalar()
+        end_state = conn.execute(sa.select(TURNS.c.end_state_digest).where(TURNS.c.id == t1.id)).scalar()
     result = store.get_turn(t1.id).tool_calls[0].result_digest
     args = store.get_turn(t2.id).tool_calls[0].args_digest
     assert end_state and result and args and snap.bundle_key and c2.args_offloaded
@@ -232,7 +232,8 @@ def test_pack_damage_is_reported_with_the_pack_row(store_factory, request):
     dropped = digest_of(files["src/pkg1/m7.py"])
     odd = pack_of(inconsistent)
     with store.engine.begin() as conn:
-        assert conn.execute(PO.delete().where(PO.c.pack == odd.digest, PO.c.digest == dropped)).rowcount == 1
+        assert conn.execute(PACK_OBJECTS.delete().where(PACK_OBJECTS.c.pack == odd.digest,
+                                                        PACK_OBJECTS.c.digest == dropped)).rowcount == 1
     lost = pack_of(no_pack)
     remove_object(store, lost.digest)
     unindexed = pack_of(no_index)

@@ -51,7 +51,7 @@ import sqlalchemy as sa
 
 from draftstore import (BlobNotFound, ChecksumMismatch, DraftBusy, DraftstoreError, InvalidInput, LockTimeout,
                         Settings, StateNotFound, Store, VersionNotFound, VersionProtected, faults)
-from draftstore.db.tables import PK, T
+from draftstore.db.tables import PACKS, TURNS
 from draftstore.digest import digest_of
 from draftstore.gc import Retention
 
@@ -84,7 +84,7 @@ def grace(store_factory: Callable[..., Store], seconds: float) -> Store:
 
 def pruned_turns(store: Store) -> set[str]:
     with store.engine.connect() as conn:
-        return set(conn.execute(sa.select(T.c.id).where(T.c.pruned_at.is_not(None))).scalars())
+        return set(conn.execute(sa.select(TURNS.c.id).where(TURNS.c.pruned_at.is_not(None))).scalars())
 
 
 def flavour(request: pytest.FixtureRequest) -> str:
@@ -267,7 +267,7 @@ def test_dry_run_reports_and_deletes_nothing_apply_deletes_exactly_the_unreachab
 
     # every kind of reachable object is still stored
     with store.engine.connect() as conn:
-        packs = conn.execute(sa.select(PK.c.digest, PK.c.search_index)).all()
+        packs = conn.execute(sa.select(PACKS.c.digest, PACKS.c.search_index)).all()
     assert len(packs) >= 2 and all(d in after and (i is None or i in after) for d, i in packs)
     assert w.snapshot.bundle_key in after
     payloads = {c.args_digest for c in store.get_turn(w.t1.id).tool_calls} | {

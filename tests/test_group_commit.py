@@ -31,7 +31,7 @@ import sqlalchemy as sa
 from draftstore import Store
 from draftstore import errors as E
 from draftstore.db.groupcommit import GroupCommit
-from draftstore.db.tables import TC
+from draftstore.db.tables import TOOL_CALLS
 
 pytestmark = pytest.mark.parametrize("stack", [pytest.param("real", marks=pytest.mark.real)], indirect=True)
 
@@ -99,8 +99,8 @@ def _projects_with_turns(store: Store, n: int) -> list[str]:
 
 def _xmins(store: Store, turn_ids: list[str]) -> dict[tuple[str, int], int]:
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(TC.c.turn_id, TC.c.seq, sa.literal_column("xmin::text::bigint"))
-                            .where(TC.c.turn_id.in_(turn_ids))).all()
+        rows = conn.execute(sa.select(TOOL_CALLS.c.turn_id, TOOL_CALLS.c.seq, sa.literal_column("xmin::text::bigint"))
+                            .where(TOOL_CALLS.c.turn_id.in_(turn_ids))).all()
     return {(r[0], r[1]): r[2] for r in rows}
 
 
@@ -173,7 +173,7 @@ def test_a_broken_constraint_rolls_the_group_back_and_each_call_then_runs_alone(
     gc = _group(store)
     groups = gc.groups
     # a row that already exists: its insert breaks the primary key (turn_id, seq)
-    duplicate = store.database.one_shot(TC.insert().values(
+    duplicate = store.database.one_shot(TOOL_CALLS.insert().values(
         turn_id=sa.bindparam("p_turn_id"), seq=sa.bindparam("p_seq"), tool_name="dup", status="started",
         started_at=sa.func.now()))
     calls = Calls()

@@ -25,7 +25,7 @@ from draftstore.blobs.cache import ObjectCache
 from draftstore.coord import MemoryCoordinator
 from draftstore.db.engine import create_db_engine
 from draftstore.db.migrate import SCHEMA_HEAD, current_revision, head_revision, scripts_head, upgrade
-from draftstore.db.tables import D, T, TC, utcnow
+from draftstore.db.tables import DRAFTS, PROJECTS, TOOL_CALLS, TURNS, VERSIONS, utcnow
 from draftstore.digest import EMPTY_TREE
 from draftstore.trees import FileEntry, TreeReader
 
@@ -144,12 +144,13 @@ def fill_0001(engine: Any, blobs: DirectoryBlobStore) -> dict[str, Any]:
 
 def tool_rows(engine: Any, turn_id: str) -> int:
     with engine.connect() as conn:
-        return conn.execute(sa.select(sa.func.count()).select_from(TC).where(TC.c.turn_id == turn_id)).scalar()
+        return conn.execute(sa.select(sa.func.count()).select_from(TOOL_CALLS)
+                            .where(TOOL_CALLS.c.turn_id == turn_id)).scalar()
 
 
 def compacted(engine: Any, turn_id: str) -> Any:
     with engine.connect() as conn:
-        return conn.execute(sa.select(T.c.tool_calls_json).where(T.c.id == turn_id)).scalar_one()
+        return conn.execute(sa.select(TURNS.c.tool_calls_json).where(TURNS.c.id == turn_id)).scalar_one()
 
 
 def check_upgraded(store: Store, old: dict[str, Any]) -> None:
@@ -247,19 +248,19 @@ def check_invariants_survive(store: Store) -> None:
     turn = dict(project_id=P, draft_id=DR, user_message_json="sneaky", started_at=now)
     with pytest.raises(sa.exc.IntegrityError):
         with engine.begin() as conn:
-            conn.execute(T.insert().values(id=ident("a"), number=10, status="running", **turn))
+            conn.execute(TURNS.insert().values(id=ident("a"), number=10, status="running", **turn))
     draft = dict(project_id=P, base_version_id=V2, status="paused", code_manifest_key=str(EMPTY_TREE), file_count=0,
                  characters_json={}, world_settings_json={}, revision=0, status_changed_at=now, created_at=now)
     with pytest.raises(sa.exc.IntegrityError):
         with engine.begin() as conn:
-            conn.execute(D.insert().values(id=ident("b"), **draft))
+            conn.execute(DRAFTS.insert().values(id=ident("b"), **draft))
     # partial: more ended turns and closed drafts of the project are fine
     with engine.begin() as conn:
-        conn.execute(T.insert().values(id=ident("c"), number=11, status="completed", ended_at=now, **turn))
-        conn.execute(D.insert().values(id=ident("d"), closed_at=now, closed_reason="discarded", **draft))
+        conn.execute(TURNS.insert().values(id=ident("c"), number=11, status="completed", ended_at=now, **turn))
+        conn.execute(DRAFTS.insert().values(id=ident("d"), closed_at=now, closed_reason="discarded", **draft))
     with engine.begin() as conn:
-        conn.execute(T.delete().where(T.c.id == ident("c")))
-        conn.execute(D.delete().where(D.c.id == ident("d")))
+        conn.execute(TURNS.delete().where(TURNS.c.id == ident("c")))
+        conn.execute(DRAFTS.delete().where(DRAFTS.c.id == ident("d")))
     assert [t.status for t in store.list_turns(P)][-1] == "running"
     assert store.get_draft(P).id == DR
 
@@ -663,22 +664,19 @@ def test_upgrading_a_0007_postgres_database_keeps_every_value_under_the_designs_
 # -- 0008 -> 0009: turns that can be reverted ----------------------------------------------------------
 def fill_0008(engine: Any, start_state: str) -> None:
     """A draft of two completed turns as the 0008 release left them (no revert columns yet)."""
-    from draftstore.db.tables import P as PROJECT
-    from draftstore.db.tables import V as VERSION
-
     empty = str(EMPTY_TREE)
     with engine.begin() as conn:
-        conn.execute(PROJECT.insert().values(id=P, name="before reverts", current_version_id=V1,
-                                             active_draft_id=DR, created_at=at(0)))
-        conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
-                                             characters_json={"hero": 1}, world_settings_json={}, summary="v1",
-                                             created_at=at(0)))
-        conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
-                                       code_manifest_key=empty, file_count=0, characters_json={"hero": 3},
-                                       world_settings_json={}, revision=4, last_turn_id=T2,
-                                       status_changed_at=at(3), created_at=at(1)))
+        conn.execute(PROJECTS.insert().values(id=P, name="before reverts", current_version_id=V1,
+                                              active_draft_id=DR, created_at=at(0)))
+        conn.execute(VERSIONS.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty, file_count=0,
+                                              characters_json={"hero": 1}, world_settings_json={}, summary="v1",
+                                              created_at=at(0)))
+        conn.execute(DRAFTS.insert().values(id=DR, project_id=P, base_version_id=V1, status="paused",
+                                            code_manifest_key=empty, file_count=0, characters_json={"hero": 3},
+                                            world_settings_json={}, revision=4, last_turn_id=T2,
+                                            status_changed_at=at(3), created_at=at(1)))
         for n, (tid, before) in enumerate([(T1, None), (T2, T1)], start=1):
-            conn.execute(T.insert().values(
+            conn.execute(TURNS.insert().values(
                 id=tid, project_id=P, draft_id=DR, number=n, continues_turn_id=before, base_version_id=V1,
                 status="completed", user_message_json=f"turn {n}", assistant_message_json="ok", start_root=empty,
                 end_root=empty, start_state_digest=start_state, end_state_digest=start_state, started_at=at(n),
@@ -727,25 +725,23 @@ def test_upgrading_a_0008_postgres_database_keeps_its_turns_standing_and_lets_a_
 def upgrade_0009_and_check(url: str, tmp_path: Path) -> None:
     """A running turn with two recorded calls (no key columns yet) upgrades; its calls keep their
     seqs, and keyed starts work on it at once (one call per key)."""
-    from draftstore.db.tables import P as PROJECT, V as VERSION
-
     empty = str(EMPTY_TREE)
     engine = create_db_engine(url)
     try:
         upgrade(engine, "0009")
         with engine.begin() as conn:
-            conn.execute(PROJECT.insert().values(id=P, name="before keys", current_version_id=V1,
-                                                 active_draft_id=DR, created_at=at(0)))
-            conn.execute(VERSION.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty,
-                                                 file_count=0, characters_json={}, world_settings_json={},
-                                                 summary="v1", created_at=at(0)))
-            conn.execute(D.insert().values(id=DR, project_id=P, base_version_id=V1, status="running",
-                                           code_manifest_key=empty, file_count=0, characters_json={},
-                                           world_settings_json={}, revision=1, last_turn_id=T1,
-                                           status_changed_at=at(1), created_at=at(1)))
-            conn.execute(T.insert().values(id=T1, project_id=P, draft_id=DR, number=1, base_version_id=V1,
-                                           status="running", user_message_json="go", start_root=empty,
-                                           started_at=at(1)))
+            conn.execute(PROJECTS.insert().values(id=P, name="before keys", current_version_id=V1,
+                                                  active_draft_id=DR, created_at=at(0)))
+            conn.execute(VERSIONS.insert().values(id=V1, project_id=P, number=1, code_manifest_key=empty,
+                                                  file_count=0, characters_json={}, world_settings_json={},
+                                                  summary="v1", created_at=at(0)))
+            conn.execute(DRAFTS.insert().values(id=DR, project_id=P, base_version_id=V1, status="running",
+                                                code_manifest_key=empty, file_count=0, characters_json={},
+                                                world_settings_json={}, revision=1, last_turn_id=T1,
+                                                status_changed_at=at(1), created_at=at(1)))
+            conn.execute(TURNS.insert().values(id=T1, project_id=P, draft_id=DR, number=1, base_version_id=V1,
+                                               status="running", user_message_json="go", start_root=empty,
+                                               started_at=at(1)))
             for seq in (1, 2):
                 conn.execute(sa.text("INSERT INTO tool_call (turn_id, seq, tool_name, status, args_json, started_at)"
                                      " VALUES (:t, :s, 'view_file', 'started', :a, :at)"),

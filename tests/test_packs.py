@@ -31,7 +31,7 @@ from draftstore import packing as packing_module
 from draftstore.blobs import DirectoryBlobStore, ObjectCache, object_key
 from draftstore.coord import MemoryCoordinator
 from draftstore.db.engine import create_db_engine
-from draftstore.db.tables import PK, PO, V
+from draftstore.db.tables import PACKS, PACK_OBJECTS, VERSIONS
 from draftstore.digest import Digest, digest_of
 from draftstore.errors import IntegrityError
 from draftstore.packs import Pack, encode_pack, frame_locations
@@ -131,7 +131,7 @@ def packs_in_store(store: Store) -> list[Any]:
     rows: list[Any] = []
     with store.engine.connect() as conn:
         for i in range(0, len(digests), 500):
-            rows += conn.execute(sa.select(PK).where(PK.c.digest.in_(digests[i:i + 500]))).all()
+            rows += conn.execute(sa.select(PACKS).where(PACKS.c.digest.in_(digests[i:i + 500]))).all()
     return rows
 
 
@@ -139,7 +139,7 @@ def pack_objects(store: Store, packs: list[str]) -> list[Any]:
     rows: list[Any] = []
     with store.engine.connect() as conn:
         for i in range(0, len(packs), 500):
-            rows += conn.execute(sa.select(PO).where(PO.c.pack.in_(packs[i:i + 500]))).all()
+            rows += conn.execute(sa.select(PACK_OBJECTS).where(PACK_OBJECTS.c.pack.in_(packs[i:i + 500]))).all()
     return rows
 
 
@@ -391,11 +391,12 @@ def test_publish_then_background_packs_only_the_changed_subtree(store: Store, st
     store.complete_turn(t.id, "done")
     v2 = store.publish(p.id, "one file")
     with store.engine.connect() as conn:
-        assert conn.execute(sa.select(V.c.packed_at).where(V.c.id == v2.id)).scalar() is None  # not on publish
+        # not on publish
+        assert conn.execute(sa.select(VERSIONS.c.packed_at).where(VERSIONS.c.id == v2.id)).scalar() is None
     done = store.run_background()
     assert done["versions_packed"] == 1
     with store.engine.connect() as conn:
-        assert conn.execute(sa.select(V.c.packed_at).where(V.c.id == v2.id)).scalar() is not None
+        assert conn.execute(sa.select(VERSIONS.c.packed_at).where(VERSIONS.c.id == v2.id)).scalar() is not None
     assert store.run_background()["versions_packed"] == 0
 
     after = packs_in_store(store)
@@ -457,7 +458,7 @@ def test_background_packing_is_not_blocked_by_one_unpackable_version(store: Stor
         except Exception:  # noqa: BLE001 - what matters is whether the healthy version gets packed
             pass
     with worker.engine.connect() as conn:
-        packed_at = conn.execute(sa.select(V.c.packed_at).where(V.c.id == v.id)).scalar()
+        packed_at = conn.execute(sa.select(VERSIONS.c.packed_at).where(VERSIONS.c.id == v.id)).scalar()
     assert packed_at is not None, "a healthy version was never packed behind an unpackable one"
 
 
@@ -487,7 +488,7 @@ def test_two_background_workers_at_once_pack_each_version_once(store: Store, sto
     assert all(isinstance(r, dict) for r in results), results
     assert sum(r["versions_packed"] for r in results) == 1
     with store.engine.connect() as conn:
-        assert conn.execute(sa.select(V.c.packed_at).where(V.c.id == v2.id)).scalar() is not None
+        assert conn.execute(sa.select(VERSIONS.c.packed_at).where(VERSIONS.c.id == v2.id)).scalar() is not None
     cold = store_factory()
     view = cold.view_at(p.id, v2.id)
     assert view.read_file("src/m003/s0/f300.py") == b"RACE = 3\n"
@@ -544,7 +545,7 @@ def _grep(files: dict[str, bytes], needle: bytes) -> list[tuple[str, int]]:
 
 def _spine(store: Store, root: str) -> Any:
     with store.engine.connect() as conn:
-        return conn.execute(sa.select(PK).where(PK.c.tree == root, PK.c.kind == "spine")).one()
+        return conn.execute(sa.select(PACKS).where(PACKS.c.tree == root, PACKS.c.kind == "spine")).one()
 
 
 def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tree_node(
@@ -561,7 +562,7 @@ def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tre
         ["", "src/", "assets/", "bin/"] + [f"src/m{i:03d}/s{j}/" for i in range(4) for j in range(10)])
     assert {kind for prefix, _, kind in cover if prefix in ("", "src/")} == {"files"}
     with store.engine.connect() as conn:
-        packed = {(r.tree, r.kind) for r in conn.execute(sa.select(PK.c.tree, PK.c.kind)).all()}
+        packed = {(r.tree, r.kind) for r in conn.execute(sa.select(PACKS.c.tree, PACKS.c.kind)).all()}
     assert all((tree, kind) in packed for _, tree, kind in cover)
 
     needle = b"'tag7'"
@@ -575,18 +576,18 @@ def test_a_spine_row_names_every_pack_of_its_tree_and_a_cold_search_reads_no_tre
     # the search walks the spine instead, and finds the same (through the packs' indexes:
     # the spine row names no tree summary, as before summaries were written)
     with store.engine.begin() as conn:
-        conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=None,
+        conn.execute(sa.update(PACKS).where(PACKS.c.tree == root, PACKS.c.kind == "spine").values(cover=None,
                                                                                           search_index=None))
     walked = store_factory()
     assert [(m.path, m.line_number) for m in walked.view(p.id).search_code(needle.decode(), max_results=10_000)
             ] == _grep(files, needle)
     assert spine.digest in walked.cached_packs()
     with store.engine.begin() as conn:
-        conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine").values(cover=spine.cover))
+        conn.execute(sa.update(PACKS).where(PACKS.c.tree == root, PACKS.c.kind == "spine").values(cover=spine.cover))
         # the pack root holding f377, one of the matches: a cover trusted without its rows would miss it
         gone = next(entry for entry in cover if entry[0] == "src/m003/s7/")
         assert any(path.startswith(gone[0]) for path, _ in _grep(files, needle))
-        conn.execute(sa.delete(PK).where(PK.c.tree == gone[1], PK.c.kind == gone[2]))
+        conn.execute(sa.delete(PACKS).where(PACKS.c.tree == gone[1], PACKS.c.kind == gone[2]))
     partial = store_factory()
     assert [(m.path, m.line_number) for m in partial.view(p.id).search_code(needle.decode(), max_results=10_000)
             ] == _grep(files, needle)
@@ -609,13 +610,13 @@ def test_background_packs_an_open_drafts_sealed_tree_so_a_cold_search_of_the_dra
         root = store.get_draft(p.id).root
         assert root != store.get_version(p.current_version_id).root
         with store.engine.connect() as conn:
-            assert conn.execute(sa.select(PK).where(PK.c.tree == root)).first() is None
+            assert conn.execute(sa.select(PACKS).where(PACKS.c.tree == root)).first() is None
 
         done = store.run_background()
         assert done["drafts_packed"] == 1 and done["versions_packed"] == 0  # the large draft's tree only
         with store.engine.connect() as conn:
             small_root = store.get_draft(small.id).root
-            assert conn.execute(sa.select(PK).where(PK.c.tree == small_root)).first() is None
+            assert conn.execute(sa.select(PACKS).where(PACKS.c.tree == small_root)).first() is None
         assert store.run_background()["drafts_packed"] == 0  # done once
         new = [r for r in packs_in_store(store) if r.digest not in before]
         # the changed directory's pack (the files of src/m002/s3) and the new spine, nothing else

@@ -20,7 +20,7 @@ import pytest
 import sqlalchemy as sa
 
 from draftstore import InvalidInput, Settings, Store
-from draftstore.db.tables import D, T, TC
+from draftstore.db.tables import DRAFTS, TOOL_CALLS, TURNS
 from draftstore.records import (
     DraftClosedReason,
     DraftStatus,
@@ -40,12 +40,13 @@ def new_project(store: Store, **kwargs):
 
 def rows_of(store: Store, turn_id: str) -> int:
     with store.engine.connect() as conn:
-        return conn.execute(sa.select(sa.func.count()).select_from(TC).where(TC.c.turn_id == turn_id)).scalar()
+        return conn.execute(sa.select(sa.func.count()).select_from(TOOL_CALLS)
+                            .where(TOOL_CALLS.c.turn_id == turn_id)).scalar()
 
 
 def compacted(store: Store, turn_id: str):
     with store.engine.connect() as conn:
-        return conn.execute(sa.select(T.c.tool_calls_json).where(T.c.id == turn_id)).scalar_one()
+        return conn.execute(sa.select(TURNS.c.tool_calls_json).where(TURNS.c.id == turn_id)).scalar_one()
 
 
 # -- a turn's tool history: rows while it runs, one column once it ended -----------------------
@@ -70,7 +71,8 @@ def _reap(store, p, t):
     # the real stack shares one database between tests: other tests' running turns (whose blobs live
     # under other prefixes) are kept alive in this store's coordinator, so the sweep reaps only ours
     with store.engine.connect() as conn:
-        others = conn.execute(sa.select(T.c.id).where(T.c.status == "running", T.c.id != t.id)).scalars().all()
+        others = conn.execute(sa.select(TURNS.c.id).where(TURNS.c.status == "running",
+                                                          TURNS.c.id != t.id)).scalars().all()
     for other in others:
         store.coord.beat(f"turn:{other}", 600)
     time.sleep(0.6)  # the heartbeat of start_turn (TTL 0.3 s) lapses: the worker is presumed dead
@@ -350,9 +352,10 @@ def test_actors_are_recorded_on_turns_versions_head_moves_and_closed_drafts(stor
     assert (last.reason, last.actor, last.from_version_id, last.to_version_id, last.turn_id) == (
         "publish", "dave", v1, v2.id, t3.id)
     with store.engine.connect() as conn:
-        closed = conn.execute(sa.select(D.c.closed_by, D.c.closed_reason, D.c.published_version_id)
-                              .where(D.c.id == t3.draft_id)).one()
-        first_draft = conn.execute(sa.select(D.c.closed_by, D.c.closed_reason).where(D.c.id == t1.draft_id)).one()
+        closed = conn.execute(sa.select(DRAFTS.c.closed_by, DRAFTS.c.closed_reason, DRAFTS.c.published_version_id)
+                              .where(DRAFTS.c.id == t3.draft_id)).one()
+        first_draft = conn.execute(sa.select(DRAFTS.c.closed_by, DRAFTS.c.closed_reason)
+                                   .where(DRAFTS.c.id == t1.draft_id)).one()
     assert tuple(closed) == ("dave", "published", v2.id)
     assert tuple(first_draft) == ("carol", "discarded")
 

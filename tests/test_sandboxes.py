@@ -294,7 +294,7 @@ def test_the_database_itself_holds_a_session_to_exactly_one_state(store: Store) 
     """Whatever writes the table: a session on both the draft and a version, or on neither, is refused."""
     import sqlalchemy as sa
 
-    from draftstore.db.tables import SB, utcnow
+    from draftstore.db.tables import SANDBOX_SESSIONS, utcnow
 
     p = new_project(store)
     paused_draft(store, p.id)
@@ -302,7 +302,8 @@ def test_the_database_itself_holds_a_session_to_exactly_one_state(store: Store) 
     now = utcnow()
     for draft, version in ((draft_id, version_id), (None, None)):
         with pytest.raises(sa.exc.IntegrityError), store.engine.begin() as conn:
-            conn.execute(SB.insert().values(id="e" * 32, project_id=p.id, draft_id=draft, version_id=version,
-                                            provider="raw", external_id="x", status="ready", created_at=now,
-                                            updated_at=now, last_seen_at=now))
+            conn.execute(SANDBOX_SESSIONS.insert().values(id="e" * 32, project_id=p.id, draft_id=draft,
+                                                          version_id=version, provider="raw", external_id="x",
+                                                          status="ready", created_at=now, updated_at=now,
+                                                          last_seen_at=now))
     assert every_session(store, p.id) == []

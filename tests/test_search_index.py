@@ -38,7 +38,7 @@ from draftstore import packs as packs_module
 from draftstore.search import linetables as linetables_module
 from draftstore.search import trigrams as trigrams_module
 from draftstore.search import planner as planner_module
-from draftstore.db.tables import PK
+from draftstore.db.tables import PACKS
 from draftstore.digest import Digest, digest_of
 from draftstore.search import Planner, Searcher
 from draftstore.search.packed import index_key
@@ -369,7 +369,7 @@ def sharded_project(store: Store) -> tuple[Any, list[Any]]:
     with index_shape("v2-tiny"):
         p = store.create_project("sharded", files=files)
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(PK).where(PK.c.search_index.is_not(None))).all()
+        rows = conn.execute(sa.select(PACKS).where(PACKS.c.search_index.is_not(None))).all()
     return p, rows
 
 
@@ -791,7 +791,7 @@ def test_a_first_search_reads_the_tree_summary_and_nothing_else(store_factory: A
     store = store_factory()
     p, _ = summarised_project(store)
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(PK)).all()
+        rows = conn.execute(sa.select(PACKS)).all()
     spine = next(r for r in rows if r.kind == "spine")
     assert spine.search_index and linetables_module.LineTable.decode(store.blobs.get(Digest(spine.search_index))).summary
     cold = store_factory()
@@ -823,7 +823,7 @@ def test_a_missing_or_corrupt_summary_falls_back_and_fsck_reports_it(store_facto
     p, _ = summarised_project(store)
     want = [("d1/f07.txt", 3, "and needle_x twice: needle_x"), ("d3/f29.txt", 1, "needle_x at the end")]
     with store.engine.connect() as conn:
-        rows = conn.execute(sa.select(PK)).all()
+        rows = conn.execute(sa.select(PACKS)).all()
     spine = next(r for r in rows if r.kind == "spine")
     tables = [IndexDirectory.decode(store.blobs.get(Digest(r.search_index))).lines for r in rows if r.kind != "spine"]
     assert all(tables)
@@ -844,7 +844,7 @@ def test_packs_without_line_tables_get_no_summary_and_search_the_old_way(store_f
     with mock.patch.object(packing_module, "build_index_objects", old):
         p, _ = summarised_project(store)
     with store.engine.connect() as conn:
-        spine = conn.execute(sa.select(PK).where(PK.c.kind == "spine")).one()
+        spine = conn.execute(sa.select(PACKS).where(PACKS.c.kind == "spine")).one()
     assert spine.search_index is None
     spy = SummarySpy()
     with mock.patch.object(planner_module.Planner, "_summarised", lambda planner, *a: spy(planner, *a)):

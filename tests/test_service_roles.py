@@ -26,7 +26,7 @@ import httpx
 import sqlalchemy as sa
 
 from draftstore import Store
-from draftstore.db.tables import K
+from draftstore.db.tables import TOKENS
 from draftstore.service.app import create_app
 from draftstore.service.auth import AUTH_CACHE_S
 from service_fixtures import Service
@@ -233,7 +233,7 @@ def secrets_of(service: Service, project_id: str | None = None) -> dict[str, str
 
 def revoked(store: Store, token_id: str) -> bool:
     with store.engine.connect() as conn:
-        return conn.execute(sa.select(K.c.revoked_at).where(K.c.id == token_id)).scalar_one() is not None
+        return conn.execute(sa.select(TOKENS.c.revoked_at).where(TOKENS.c.id == token_id)).scalar_one() is not None
 
 
 def every_project(c: httpx.Client) -> list[Any]:
@@ -367,7 +367,7 @@ def test_a_token_is_shown_once_and_stored_hashed(service: Service) -> None:
                for t in listed)
     # what the database holds is the digest
     with service.store.engine.connect() as conn:
-        row = conn.execute(sa.select(K).where(K.c.id == body["id"])).one()
+        row = conn.execute(sa.select(TOKENS).where(TOKENS.c.id == body["id"])).one()
     assert row.secret_hash == hashlib.sha256(secret.encode()).hexdigest()
     assert secret not in [str(v) for v in row]
 

@@ -25,7 +25,7 @@ import zstandard
 from draftstore import (BlobNotFound, DraftBusy, InvalidInput, PathConflict, ProjectNotFound, Settings, StateNotFound, Store,
                         VersionNotFound)
 from draftstore.blobs import DirectoryBlobStore, object_key
-from draftstore.db.tables import D, S
+from draftstore.db.tables import DRAFTS, SNAPSHOTS
 from draftstore.digest import Digest, digest_of
 
 
@@ -125,7 +125,8 @@ def use_bundle(store: Store, snapshot_id: str, raw: bytes) -> None:
     """Point a snapshot's row at the bundle ``raw`` (a bug, a bad restore, an older writer)."""
     key = store.blobs.put(raw)
     with store.engine.begin() as conn:
-        conn.execute(S.update().where(S.c.id == snapshot_id).values(bundle_key=key, size_bytes=len(raw)))
+        conn.execute(SNAPSHOTS.update().where(SNAPSHOTS.c.id == snapshot_id)
+                     .values(bundle_key=key, size_bytes=len(raw)))
 
 
 # =====================================================================================
@@ -404,7 +405,7 @@ def test_create_snapshot_of_head_a_version_and_a_draft(store: Store) -> None:
     assert (ds.source_kind, ds.source_id, ds.root, ds.status) == ("draft", draft.id, draft.root, "ready")
     assert ds.files == len(FILES) + 1
     with store.engine.connect() as conn:
-        assert conn.execute(sa.select(D.c.snapshot_id).where(D.c.id == draft.id)).scalar() == ds.id
+        assert conn.execute(sa.select(DRAFTS.c.snapshot_id).where(DRAFTS.c.id == draft.id)).scalar() == ds.id
     # head still means the version, not the draft
     assert store.create_snapshot(p.id, "head").root == v1.root
 
@@ -692,7 +693,7 @@ def test_snapshots_are_never_truth(store: Store, store_factory: Any, tmp_path: P
     for s in snaps:
         store.blobs.delete(Digest(s.bundle_key))
     with store.engine.begin() as conn:
-        conn.execute(S.delete().where(S.c.project_id == p.id))
+        conn.execute(SNAPSHOTS.delete().where(SNAPSHOTS.c.project_id == p.id))
     store.cache.clear()
     fresh = store_factory()
     assert fresh.list_snapshots(p.id) == []

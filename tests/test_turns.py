@@ -29,10 +29,7 @@ from draftstore import (
     TurnAlreadyRunning,
     TurnNotRunning,
 )
-from draftstore.db.tables import DraftRow, TurnRow, utcnow
-
-D = DraftRow.__table__
-T = TurnRow.__table__
+from draftstore.db.tables import DRAFTS, TURNS, utcnow
 
 
 def new_project(store: Store, **files: str):
@@ -369,10 +366,10 @@ def test_the_database_refuses_a_second_open_draft_for_a_project(store):
                world_settings_json="{}", revision=0, status_changed_at=now, created_at=now)
     with pytest.raises(sa.exc.IntegrityError):
         with store.engine.begin() as conn:
-            conn.execute(D.insert().values(id="f" * 32, **row))
+            conn.execute(DRAFTS.insert().values(id="f" * 32, **row))
     # a closed draft of the same project is fine: the index is partial
     with store.engine.begin() as conn:
-        conn.execute(D.insert().values(id="e" * 32, closed_at=now, closed_reason="discarded", **row))
+        conn.execute(DRAFTS.insert().values(id="e" * 32, closed_at=now, closed_reason="discarded", **row))
     assert store.get_draft(p.id).id == draft.id
     assert store.get_turn(t.id).status == "running"
 
@@ -382,7 +379,7 @@ def test_the_database_refuses_a_second_running_turn_for_a_project(store):
     t = store.start_turn(p.id, "running")
     with pytest.raises(sa.exc.IntegrityError):
         with store.engine.begin() as conn:
-            conn.execute(T.insert().values(
+            conn.execute(TURNS.insert().values(
                 id="d" * 32, project_id=p.id, draft_id=t.draft_id, number=2, status="running",
                 user_message_json="sneaky", started_at=utcnow(),
             ))
@@ -438,7 +435,7 @@ def test_the_sweep_releases_a_draft_stuck_in_publishing(store_factory):
     s.complete_turn(t.id, "done")
     draft = s.get_draft(p.id)
     with s.engine.begin() as conn:  # a publisher died midway
-        conn.execute(D.update().where(D.c.id == draft.id).values(
+        conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft.id).values(
             status="publishing", status_changed_at=utcnow() - timedelta(minutes=10)))
     assert s.get_draft(p.id).status == "publishing"
 
@@ -457,7 +454,8 @@ def test_the_sweep_leaves_a_recent_publish_alone(store_factory):
     s.complete_turn(t.id, "done")
     draft = s.get_draft(p.id)
     with s.engine.begin() as conn:
-        conn.execute(D.update().where(D.c.id == draft.id).values(status="publishing", status_changed_at=utcnow()))
+        conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft.id)
+                     .values(status="publishing", status_changed_at=utcnow()))
     s.sweep()
     assert s.get_draft(p.id).status == "publishing"
 
@@ -553,7 +551,7 @@ def test_a_turn_cannot_start_while_its_draft_is_being_published(store):
     t = store.start_turn(p.id, "one")
     store.complete_turn(t.id, "ok")
     with store.engine.begin() as conn:
-        conn.execute(D.update().where(D.c.id == t.draft_id).values(status="publishing"))
+        conn.execute(DRAFTS.update().where(DRAFTS.c.id == t.draft_id).values(status="publishing"))
     with pytest.raises(DraftBusy) as exc:
         store.continue_turn(p.id, "two")
     assert exc.value.code == "draft.busy"

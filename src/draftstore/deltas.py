@@ -27,7 +27,7 @@ from . import errors as E
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import D, T
+from .db.tables import DRAFTS, TURNS
 from .records import TurnStatus
 from .settings import Limits
 
@@ -52,7 +52,7 @@ class Deltas:
         # the coordinator's flush lock at most once an interval per turn
         self._flushed: dict[str, float] = {}
         self._lock = threading.Lock()
-        self._status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
+        self._status = sa.select(TURNS.c.status).where(TURNS.c.id == sa.bindparam("turn_id"))
 
     def append(self, turn_id: str, text: Any) -> None:
         """Add assistant text to a running turn's stream. Raises ``turn.not_running``."""
@@ -90,10 +90,10 @@ class Deltas:
             return
         doc = check.json_value("partial_response", value, self.limits.max_json_state_bytes)
         with self.db.tx() as conn:
-            row = conn.execute(T.update().where(T.c.id == turn_id, T.c.status == TurnStatus.RUNNING.value)
-                               .values(partial_response_json=doc).returning(T.c.draft_id)).first()
+            row = conn.execute(TURNS.update().where(TURNS.c.id == turn_id, TURNS.c.status == TurnStatus.RUNNING.value)
+                               .values(partial_response_json=doc).returning(TURNS.c.draft_id)).first()
             if row is not None:
-                conn.execute(D.update().where(D.c.id == row.draft_id).values(partial_response_json=doc))
+                conn.execute(DRAFTS.update().where(DRAFTS.c.id == row.draft_id).values(partial_response_json=doc))
         if row is None:
             self.forget(turn_id)
             raise E.TurnNotRunning(f"turn {turn_id} is no longer running", turn_id=turn_id)

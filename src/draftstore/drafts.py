@@ -18,7 +18,7 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import validation as check
 from .database import Database
-from .db.tables import D, P, V
+from .db.tables import DRAFTS, PROJECTS, VERSIONS
 from .digest import EMPTY_TREE
 from .ids import new_id
 from .records import Draft, DraftClosedReason, DraftStatus, aware
@@ -45,8 +45,9 @@ class Drafts:
         check.project_id(project_id)
         with self.db.tx(read_only=True) as conn:
             row = conn.execute(
-                sa.select(P.c.id.label("project"), D).select_from(P.outerjoin(D, D.c.id == P.c.active_draft_id))
-                .where(P.c.id == project_id)).first()
+                sa.select(PROJECTS.c.id.label("project"), DRAFTS)
+                .select_from(PROJECTS.outerjoin(DRAFTS, DRAFTS.c.id == PROJECTS.c.active_draft_id))
+                .where(PROJECTS.c.id == project_id)).first()
         if row is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         if row.id is None:
@@ -57,7 +58,7 @@ class Drafts:
         """The project's active draft row (locked if asked), or None."""
         if project.active_draft_id is None:
             return None
-        stmt = sa.select(D).where(D.c.id == project.active_draft_id)
+        stmt = sa.select(DRAFTS).where(DRAFTS.c.id == project.active_draft_id)
         return conn.execute(self.db.for_update(stmt) if lock else stmt).first()
 
     def lock_open(self, conn: Connection, project: Any, doing: str) -> Any:
@@ -72,17 +73,18 @@ class Drafts:
         """Open a draft on the project's head (empty if it has none); the project
         row must be locked by the caller. Returns the new row."""
         if project.current_version_id is not None:
-            head = conn.execute(sa.select(V.c.code_manifest_key, V.c.file_count, V.c.characters_json,
-                                          V.c.world_settings_json).where(V.c.id == project.current_version_id)).one()
+            head = conn.execute(sa.select(VERSIONS.c.code_manifest_key, VERSIONS.c.file_count,
+                                          VERSIONS.c.characters_json, VERSIONS.c.world_settings_json)
+                                .where(VERSIONS.c.id == project.current_version_id)).one()
             root, count, chars, world = (head.code_manifest_key, head.file_count, head.characters_json,
                                          head.world_settings_json)
         else:
             root, count, chars, world = EMPTY_TREE, 0, {}, {}
         did = new_id()
-        conn.execute(D.insert().values(
+        conn.execute(DRAFTS.insert().values(
             id=did, project_id=project.id, base_version_id=project.current_version_id, status=DraftStatus.PAUSED,
             code_manifest_key=root, file_count=count, characters_json=chars, world_settings_json=world,
             revision=0, status_changed_at=now, created_at=now,
         ))
-        conn.execute(P.update().where(P.c.id == project.id).values(active_draft_id=did))
-        return conn.execute(sa.select(D).where(D.c.id == did)).first()
+        conn.execute(PROJECTS.update().where(PROJECTS.c.id == project.id).values(active_draft_id=did))
+        return conn.execute(sa.select(DRAFTS).where(DRAFTS.c.id == did)).first()

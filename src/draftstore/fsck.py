@@ -24,7 +24,7 @@ import sqlalchemy as sa
 
 from . import errors as E
 from .database import Database
-from .db.tables import C, D, PK, PO, S, T, TC, V
+from .db.tables import DRAFTS, DRAFT_CHANGES, PACKS, PACK_OBJECTS, SNAPSHOTS, TOOL_CALLS, TURNS, VERSIONS
 from .digest import EMPTY_TREE, Digest
 from .objects import Objects
 from .packs import Pack
@@ -70,9 +70,9 @@ class Checker:
         report = FsckReport()
         members: dict[str, set[str]] = {}
         with self.db.tx(read_only=True) as conn:
-            for d, p in conn.execute(sa.select(PO.c.digest, PO.c.pack)):
+            for d, p in conn.execute(sa.select(PACK_OBJECTS.c.digest, PACK_OBJECTS.c.pack)):
                 members.setdefault(p, set()).add(d)
-            packs = conn.execute(sa.select(PK)).all()
+            packs = conn.execute(sa.select(PACKS)).all()
             refs = self._references(conn)
         # listed after the references are read: an object is stored before the row that names
         # it commits, so on a store being written to every reference read is in this listing
@@ -133,15 +133,15 @@ class Checker:
     def _references(self, conn: Any) -> dict[str, list[tuple[str, str]]]:
         trees: list[tuple[str, str]] = []
         objects: list[tuple[str, str]] = []
-        for vid, root in conn.execute(sa.select(V.c.id, V.c.code_manifest_key)):
+        for vid, root in conn.execute(sa.select(VERSIONS.c.id, VERSIONS.c.code_manifest_key)):
             trees.append((f"version {vid} root", root))
-        for did, root in conn.execute(sa.select(D.c.id, D.c.code_manifest_key).where(D.c.closed_at.is_(None))):
+        for did, root in conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.code_manifest_key).where(DRAFTS.c.closed_at.is_(None))):
             trees.append((f"draft {did} root", root))
-        for did, path, digest in conn.execute(sa.select(C.c.draft_id, C.c.path, C.c.digest)
-                                              .where(C.c.digest.is_not(None))):
+        for did, path, digest in conn.execute(sa.select(DRAFT_CHANGES.c.draft_id, DRAFT_CHANGES.c.path, DRAFT_CHANGES.c.digest)
+                                              .where(DRAFT_CHANGES.c.digest.is_not(None))):
             objects.append((f"draft {did} overlay {path!r}", digest))
-        for r in conn.execute(sa.select(T.c.id, T.c.start_root, T.c.end_root, T.c.start_state_digest,
-                                        T.c.end_state_digest, T.c.tool_calls_json).where(T.c.pruned_at.is_(None))):
+        for r in conn.execute(sa.select(TURNS.c.id, TURNS.c.start_root, TURNS.c.end_root, TURNS.c.start_state_digest,
+                                        TURNS.c.end_state_digest, TURNS.c.tool_calls_json).where(TURNS.c.pruned_at.is_(None))):
             for name, root in (("start", r.start_root), ("end", r.end_root)):
                 if root:
                     trees.append((f"turn {r.id} {name} root", root))
@@ -152,12 +152,12 @@ class Checker:
                 for k in ("args_digest", "result_digest"):
                     if call.get(k):
                         objects.append((f"turn {r.id} tool call {call['seq']} {k[:-7]}", call[k]))
-        for tid, seq, a, res in conn.execute(sa.select(TC.c.turn_id, TC.c.seq, TC.c.args_digest, TC.c.result_digest)):
+        for tid, seq, a, res in conn.execute(sa.select(TOOL_CALLS.c.turn_id, TOOL_CALLS.c.seq, TOOL_CALLS.c.args_digest, TOOL_CALLS.c.result_digest)):
             for name, key in (("args", a), ("result", res)):
                 if key:
                     objects.append((f"turn {tid} tool call {seq} {name}", key))
-        for sid, key in conn.execute(sa.select(S.c.id, S.c.bundle_key).where(
-                S.c.bundle_key.is_not(None), S.c.status == "ready")):
+        for sid, key in conn.execute(sa.select(SNAPSHOTS.c.id, SNAPSHOTS.c.bundle_key).where(
+                SNAPSHOTS.c.bundle_key.is_not(None), SNAPSHOTS.c.status == "ready")):
             objects.append((f"snapshot {sid} bundle", key))
         return {"trees": trees, "objects": objects}
 

@@ -39,7 +39,8 @@ import sqlalchemy as sa
 from . import errors as E
 from . import faults
 from .database import Database
-from .db.tables import C, D, P, PK, PO, S, T, TC, V, utcnow
+from .db.tables import (DRAFTS, DRAFT_CHANGES, PACKS, PACK_OBJECTS, PROJECTS, SNAPSHOTS, TOOL_CALLS, TURNS, VERSIONS,
+                        utcnow)
 from .digest import EMPTY_TREE, Digest
 from .objects import Objects
 from .records import SnapshotStatus, TurnStatus, aware
@@ -91,19 +92,20 @@ class Collector:
         keep: set[str] = set()
         expired: list[str] = []
         with self.db.tx(read_only=True) as conn:
-            trees.update(conn.execute(sa.select(V.c.code_manifest_key)).scalars())
-            for r in conn.execute(sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.closed_at,
-                                            D.c.closed_reason)):
+            trees.update(conn.execute(sa.select(VERSIONS.c.code_manifest_key)).scalars())
+            for r in conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.project_id, DRAFTS.c.code_manifest_key, DRAFTS.c.closed_at,
+                                            DRAFTS.c.closed_reason)):
                 if r.closed_reason == "published":
                     continue  # its tree is its version's, kept by the version row while it exists
                 if r.closed_at is None:
                     trees.add(r.code_manifest_key)
                 elif not self._expired(self.retention(r.project_id).discarded_days, r.closed_at, now):
                     trees.add(r.code_manifest_key)
-            keep.update(d for d in conn.execute(sa.select(C.c.digest).where(C.c.digest.is_not(None))).scalars())
-            for r in conn.execute(sa.select(T.c.id, T.c.project_id, T.c.status, T.c.ended_at, T.c.start_root,
-                                            T.c.end_root, T.c.start_state_digest, T.c.end_state_digest,
-                                            T.c.tool_calls_json, T.c.pruned_at)):
+            keep.update(d for d in conn.execute(sa.select(DRAFT_CHANGES.c.digest)
+                                                .where(DRAFT_CHANGES.c.digest.is_not(None))).scalars())
+            for r in conn.execute(sa.select(TURNS.c.id, TURNS.c.project_id, TURNS.c.status, TURNS.c.ended_at, TURNS.c.start_root,
+                                            TURNS.c.end_root, TURNS.c.start_state_digest, TURNS.c.end_state_digest,
+                                            TURNS.c.tool_calls_json, TURNS.c.pruned_at)):
                 if r.status != TurnStatus.RUNNING and (
                         r.pruned_at is not None
                         or self._expired(self.retention(r.project_id).turns_days, r.ended_at, now)):
@@ -114,10 +116,10 @@ class Collector:
                 keep.update(x for x in (r.start_state_digest, r.end_state_digest) if x)
                 for call in r.tool_calls_json or ():
                     keep.update(call.get(k) for k in ("args_digest", "result_digest") if call.get(k))
-            for a, b in conn.execute(sa.select(TC.c.args_digest, TC.c.result_digest)):
+            for a, b in conn.execute(sa.select(TOOL_CALLS.c.args_digest, TOOL_CALLS.c.result_digest)):
                 keep.update(x for x in (a, b) if x)
-            keep.update(k for k in conn.execute(sa.select(S.c.bundle_key).where(
-                S.c.bundle_key.is_not(None), S.c.status != SnapshotStatus.FAILED.value)).scalars())
+            keep.update(k for k in conn.execute(sa.select(SNAPSHOTS.c.bundle_key).where(
+                SNAPSHOTS.c.bundle_key.is_not(None), SNAPSHOTS.c.status != SnapshotStatus.FAILED.value)).scalars())
         trees.discard(EMPTY_TREE)
         return trees, keep, expired
 
@@ -150,12 +152,12 @@ class Collector:
         kept while any object in it is marked, or while it is younger than the grace."""
         members: dict[str, bool] = {}
         with self.db.tx(read_only=True) as conn:
-            for digest, pack in conn.execute(sa.select(PO.c.digest, PO.c.pack)):
+            for digest, pack in conn.execute(sa.select(PACK_OBJECTS.c.digest, PACK_OBJECTS.c.pack)):
                 if digest in marked:
                     members[pack] = True
                 else:
                     members.setdefault(pack, False)
-            rows = conn.execute(sa.select(PK)).all()
+            rows = conn.execute(sa.select(PACKS)).all()
         keep: set[str] = set()
         drop: list[Any] = []
         indexes: list[str] = []
@@ -249,21 +251,23 @@ class Collector:
         now = utcnow()
         with self.db.tx() as conn:
             for r in drop:
-                conn.execute(PK.delete().where(PK.c.tree == r.tree, PK.c.kind == r.kind, PK.c.part == r.part))
+                conn.execute(PACKS.delete().where(PACKS.c.tree == r.tree, PACKS.c.kind == r.kind,
+                                                  PACKS.c.part == r.part))
             gone = {r.digest for r in drop}
             if gone:
-                still = set(conn.execute(sa.select(PK.c.digest).where(PK.c.digest.in_(gone))).scalars())
+                still = set(conn.execute(sa.select(PACKS.c.digest).where(PACKS.c.digest.in_(gone))).scalars())
                 for digest in gone - still:  # a pack another row still names keeps its objects' rows
-                    conn.execute(PO.delete().where(PO.c.pack == digest))
+                    conn.execute(PACK_OBJECTS.delete().where(PACK_OBJECTS.c.pack == digest))
             if expired:
-                conn.execute(T.update().where(T.c.id.in_(expired)).values(pruned_at=now))
+                conn.execute(TURNS.update().where(TURNS.c.id.in_(expired)).values(pruned_at=now))
 
 
 def project_retention(db: Database, settings: Settings) -> Callable[[str], Retention]:
     """The retention of a project: its own settings, else the store's defaults."""
     cache: dict[str, Retention] = {}
     with db.tx(read_only=True) as conn:
-        rows = conn.execute(sa.select(P.c.id, P.c.retain_turns_days, P.c.retain_discarded_days)).all()
+        rows = conn.execute(sa.select(PROJECTS.c.id, PROJECTS.c.retain_turns_days,
+                                      PROJECTS.c.retain_discarded_days)).all()
     defaults = settings
     for r in rows:
         cache[r.id] = Retention(

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 
 from . import errors as E
 from .database import Database
-from .db.tables import ID, K, P, S, T, V
+from .db.tables import ID, PROJECTS, SNAPSHOTS, TOKENS, TURNS, VERSIONS
 
 __all__ = ["MIN_PREFIX", "KINDS", "resolve"]
 
@@ -24,11 +24,11 @@ MIN_PREFIX = 6
 
 #: kind -> (table, error raised when nothing matches)
 KINDS: dict[str, tuple[sa.Table, type[E.NotFound]]] = {
-    "project": (P, E.ProjectNotFound),
-    "version": (V, E.VersionNotFound),
-    "turn": (T, E.TurnNotFound),
-    "token": (K, E.TokenNotFound),
-    "snapshot": (S, E.NotFound),
+    "project": (PROJECTS, E.ProjectNotFound),
+    "version": (VERSIONS, E.VersionNotFound),
+    "turn": (TURNS, E.TurnNotFound),
+    "token": (TOKENS, E.TokenNotFound),
+    "snapshot": (SNAPSHOTS, E.NotFound),
 }
 
 _HEX = re.compile(r"[0-9a-f]+")

@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from . import errors as E
 from . import validation as check
 from .database import Database
-from .db.tables import H, P, S, V
+from .db.tables import HEAD_MOVES, PROJECTS, SNAPSHOTS, VERSIONS
 from .fsck import Checker, FsckReport
 from .gc import Collector, GCStats, Retention, project_retention
 from .objects import Objects
@@ -42,8 +42,8 @@ class Maintenance:
     def retention(self, project_id: str) -> Retention:
         check.project_id(project_id)
         with self.db.tx(read_only=True) as conn:
-            row = conn.execute(sa.select(P.c.retain_turns_days, P.c.retain_discarded_days)
-                               .where(P.c.id == project_id)).first()
+            row = conn.execute(sa.select(PROJECTS.c.retain_turns_days, PROJECTS.c.retain_discarded_days)
+                               .where(PROJECTS.c.id == project_id)).first()
         if row is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         s = self.settings
@@ -58,7 +58,7 @@ class Maintenance:
             raise E.InvalidInput(f"unknown retention setting(s): {', '.join(sorted(unknown))}", field="retention")
         columns = {f"retain_{k}": _days(k, v) for k, v in values.items()}
         with self.db.tx() as conn:
-            if conn.execute(P.update().where(P.c.id == project_id).values(**columns)).rowcount != 1:
+            if conn.execute(PROJECTS.update().where(PROJECTS.c.id == project_id).values(**columns)).rowcount != 1:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
         return self.retention(project_id)
 
@@ -68,25 +68,27 @@ class Maintenance:
         check.project_id(project_id)
         ids = [check.version_id(v) for v in version_ids]
         with self.db.tx() as conn:
-            project = conn.execute(self.db.for_update(sa.select(P).where(P.c.id == project_id))).first()
+            project = conn.execute(self.db.for_update(sa.select(PROJECTS).where(PROJECTS.c.id == project_id))).first()
             if project is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
-            found = set(conn.execute(sa.select(V.c.id).where(V.c.project_id == project_id, V.c.id.in_(ids)))
-                        .scalars())
+            found = set(conn.execute(sa.select(VERSIONS.c.id)
+                                     .where(VERSIONS.c.project_id == project_id, VERSIONS.c.id.in_(ids))).scalars())
             missing = [v for v in ids if v not in found]
             if missing:
                 raise E.VersionNotFound(f"no version {missing[0]!r} in project {project_id}", version_id=missing[0])
             if project.current_version_id in found:
                 raise E.InvalidInput("the head version cannot be pruned (roll back first)",
                                      version_id=project.current_version_id)
-            named = set(conn.execute(sa.select(H.c.to_version_id).where(H.c.project_id == project_id)).scalars())
-            named |= set(conn.execute(sa.select(H.c.from_version_id).where(H.c.project_id == project_id)).scalars())
+            moves = HEAD_MOVES.c.project_id == project_id
+            named = set(conn.execute(sa.select(HEAD_MOVES.c.to_version_id).where(moves)).scalars())
+            named |= set(conn.execute(sa.select(HEAD_MOVES.c.from_version_id).where(moves)).scalars())
             protected = sorted(found & named)
             if protected and not force:
                 raise E.VersionProtected(f"{len(protected)} of these versions were head once (a head move names them): "
                                       "prune them with force", version_ids=protected[:20])
-            conn.execute(S.delete().where(S.c.source_kind == "version", S.c.source_id.in_(found)))
-            return conn.execute(V.delete().where(V.c.id.in_(found))).rowcount
+            conn.execute(SNAPSHOTS.delete().where(SNAPSHOTS.c.source_kind == "version",
+                                                  SNAPSHOTS.c.source_id.in_(found)))
+            return conn.execute(VERSIONS.delete().where(VERSIONS.c.id.in_(found))).rowcount
 
     def gc(self, dry_run: bool, progress: Any = None) -> GCStats:
         return Collector(self.db, self.objects, project_retention(self.db, self.settings),

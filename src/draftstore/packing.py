@@ -34,7 +34,7 @@ import sqlalchemy as sa
 
 from . import faults
 from .database import Database
-from .db.tables import PK, PO, utcnow
+from .db.tables import PACKS, PACK_OBJECTS, utcnow
 from .digest import Digest, digest_of
 from .errors import DraftstoreError
 from .objects import Objects
@@ -133,7 +133,7 @@ class Packing:
         found: dict[str, list[Any]] = {}
         with self.db.statement(read_only=True) as conn:
             for i in range(0, len(trees), _CHUNK):
-                for r in conn.execute(sa.select(PK).where(PK.c.tree.in_(trees[i:i + _CHUNK]))).all():
+                for r in conn.execute(sa.select(PACKS).where(PACKS.c.tree.in_(trees[i:i + _CHUNK]))).all():
                     found.setdefault(r.tree, []).append(r)
         return found
 
@@ -288,7 +288,7 @@ class Packing:
                 return
             digest = self.objects.raw.put(summary)
             with self.db.tx() as conn:
-                conn.execute(sa.update(PK).where(PK.c.tree == root, PK.c.kind == "spine", PK.c.part == 0)
+                conn.execute(sa.update(PACKS).where(PACKS.c.tree == root, PACKS.c.kind == "spine", PACKS.c.part == 0)
                              .values(search_index=digest))
         except DraftstoreError as exc:
             log.warning("tree summary of %s not written: %s", root[:12], exc)
@@ -298,11 +298,11 @@ class Packing:
         insert = _insert_ignoring_duplicates(self.db)
         with self.db.tx() as conn:
             for pack_row, object_rows in group:
-                conn.execute(insert(PK).values(**pack_row))
+                conn.execute(insert(PACKS).values(**pack_row))
                 if not object_rows:  # a files pack of large files only holds none: its index is what it is for
                     continue
                 if self.db.sqlite:
-                    conn.execute(insert(PO), object_rows)
+                    conn.execute(insert(PACK_OBJECTS), object_rows)
                 else:
                     # every object row of a pack names that pack
                     conn.execute(_PG_OBJECT_ROWS, {"pack": pack_row["digest"],

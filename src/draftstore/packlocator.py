@@ -11,7 +11,7 @@ from __future__ import annotations
 import sqlalchemy as sa
 
 from .database import Database
-from .db.tables import PO
+from .db.tables import PACK_OBJECTS
 from .packs import Location
 
 __all__ = ["PackLocator"]
@@ -31,8 +31,9 @@ class PackLocator:
         out: dict[str, Location] = {}
         with self.db.statement(read_only=True) as conn:
             for i in range(0, len(digests), _CHUNK):
-                rows = conn.execute(sa.select(PO.c.digest, PO.c.pack, PO.c.offset, PO.c.length)
-                                    .where(PO.c.digest.in_(digests[i:i + _CHUNK]))).all()
+                rows = conn.execute(sa.select(PACK_OBJECTS.c.digest, PACK_OBJECTS.c.pack, PACK_OBJECTS.c.offset,
+                                              PACK_OBJECTS.c.length)
+                                    .where(PACK_OBJECTS.c.digest.in_(digests[i:i + _CHUNK]))).all()
                 for r in rows:
                     out.setdefault(r.digest, (r.pack, r.offset, r.length))
         return out

@@ -22,7 +22,7 @@ from . import paging
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import PK, D, H, P, T, V, utcnow
+from .db.tables import DRAFTS, HEAD_MOVES, PACKS, PROJECTS, TURNS, VERSIONS, utcnow
 from .digest import EMPTY_TREE, Digest
 from .ids import new_id
 from .packing import Packing
@@ -66,7 +66,7 @@ class Projects:
     def load(self, conn: Connection, project_id: str, lock: bool = False) -> Any:
         """The project row (locked if asked). Raises ``project.not_found``."""
         check.project_id(project_id)
-        stmt = sa.select(P).where(P.c.id == project_id)
+        stmt = sa.select(PROJECTS).where(PROJECTS.c.id == project_id)
         row = conn.execute(self.db.for_update(stmt) if lock else stmt).first()
         if row is None:
             raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
@@ -75,7 +75,7 @@ class Projects:
     def load_version(self, conn: Connection, version_id: str, project_id: str | None = None) -> Any:
         """A version row (of ``project_id`` if given). Raises ``version.not_found``."""
         check.version_id(version_id)
-        row = conn.execute(sa.select(V).where(V.c.id == version_id)).first()
+        row = conn.execute(sa.select(VERSIONS).where(VERSIONS.c.id == version_id)).first()
         if row is None or (project_id is not None and row.project_id != project_id):
             where = f" in project {project_id!r}" if project_id else ""
             raise E.VersionNotFound(f"no version {version_id!r}{where}", version_id=version_id)
@@ -87,23 +87,23 @@ class Projects:
         """Within the caller's transaction (project row locked): add the next
         version, make it head, record the head move. ``packed``: its packs exist
         already (else the background job writes them)."""
-        number = (conn.execute(sa.select(sa.func.max(V.c.number)).where(V.c.project_id == project.id))
+        number = (conn.execute(sa.select(sa.func.max(VERSIONS.c.number)).where(VERSIONS.c.project_id == project.id))
                   .scalar() or 0) + 1
         vid = new_id()
         values = dict(id=vid, project_id=project.id, number=number, parent_version_id=project.current_version_id,
                       code_manifest_key=root, file_count=file_count, characters_json=characters,
                       world_settings_json=world_settings, summary=summary, created_by_turn_id=turn_id,
                       created_by=actor, created_at=now)
-        conn.execute(V.insert().values(**values, packed_at=now if packed else None))
+        conn.execute(VERSIONS.insert().values(**values, packed_at=now if packed else None))
         self.move_head(conn, project.id, project.current_version_id, vid, reason, actor, now, turn_id=turn_id)
         values.update(characters_json=check.as_value(characters), world_settings_json=check.as_value(world_settings))
         return version_record(SimpleNamespace(**values))
 
     def move_head(self, conn: Connection, project_id: str, from_id: str | None, to_id: str,
                   reason: HeadMoveReason, actor: str | None, now: datetime, turn_id: str | None = None) -> None:
-        conn.execute(P.update().where(P.c.id == project_id).values(current_version_id=to_id))
-        conn.execute(H.insert().values(project_id=project_id, from_version_id=from_id, to_version_id=to_id,
-                                       reason=reason, actor=actor, turn_id=turn_id, at=now))
+        conn.execute(PROJECTS.update().where(PROJECTS.c.id == project_id).values(current_version_id=to_id))
+        conn.execute(HEAD_MOVES.insert().values(project_id=project_id, from_version_id=from_id, to_version_id=to_id,
+                                                reason=reason, actor=actor, turn_id=turn_id, at=now))
 
     # -- the public operations -------------------------------------------------------------
     def create(self, name: str, files: Mapping[str, bytes | str] | None, characters: Any, world_settings: Any,
@@ -127,7 +127,7 @@ class Projects:
         now = utcnow()
         pid = new_id()
         with self.db.tx() as conn:
-            conn.execute(P.insert().values(id=pid, name=name, created_at=now))
+            conn.execute(PROJECTS.insert().values(id=pid, name=name, created_at=now))
             if has_content:
                 project = self.load(conn, pid, lock=True)
                 self.insert_version(conn, project, root=root, file_count=count, characters=chars,
@@ -142,7 +142,7 @@ class Projects:
         pid = new_id()
         with self.db.tx() as conn:
             src = self.load_version(conn, version_id)
-            conn.execute(P.insert().values(id=pid, name=name, created_at=now, forked_from_version_id=src.id))
+            conn.execute(PROJECTS.insert().values(id=pid, name=name, created_at=now, forked_from_version_id=src.id))
             project = self.load(conn, pid, lock=True)
             self.insert_version(conn, project, root=src.code_manifest_key, file_count=src.file_count,
                                 characters=src.characters_json, world_settings=src.world_settings_json,
@@ -156,7 +156,7 @@ class Projects:
 
     def list(self) -> list[Project]:
         with self.db.tx(read_only=True) as conn:
-            rows = conn.execute(sa.select(P).order_by(P.c.created_at, P.c.id)).all()
+            rows = conn.execute(sa.select(PROJECTS).order_by(PROJECTS.c.created_at, PROJECTS.c.id)).all()
         return [project_record(r) for r in rows]
 
     def get_version(self, version_id: str, project_id: str | None = None) -> Version:
@@ -166,13 +166,15 @@ class Projects:
     def list_versions(self, project_id: str) -> list[Version]:
         with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
-            rows = conn.execute(sa.select(V).where(V.c.project_id == project_id).order_by(V.c.number)).all()
+            rows = conn.execute(sa.select(VERSIONS).where(VERSIONS.c.project_id == project_id)
+                                .order_by(VERSIONS.c.number)).all()
         return [version_record(r) for r in rows]
 
     def head_moves(self, project_id: str) -> list[HeadMove]:
         with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
-            rows = conn.execute(sa.select(H).where(H.c.project_id == project_id).order_by(H.c.id)).all()
+            rows = conn.execute(sa.select(HEAD_MOVES).where(HEAD_MOVES.c.project_id == project_id)
+                                .order_by(HEAD_MOVES.c.id)).all()
         return [_head_move_record(r) for r in rows]
 
     def pack_pending(self, limit: int = 10) -> int:
@@ -181,9 +183,9 @@ class Projects:
         A version that fails is logged and tried again later, at most
         ``_PACK_ATTEMPTS`` times; it never keeps the others waiting."""
         with self.db.tx(read_only=True) as conn:
-            rows = conn.execute(sa.select(V.c.id, V.c.code_manifest_key)
-                                .where(V.c.packed_at.is_(None), V.c.pack_attempts < _PACK_ATTEMPTS)
-                                .order_by(V.c.pack_attempts, V.c.created_at).limit(limit)).all()
+            rows = conn.execute(sa.select(VERSIONS.c.id, VERSIONS.c.code_manifest_key)
+                                .where(VERSIONS.c.packed_at.is_(None), VERSIONS.c.pack_attempts < _PACK_ATTEMPTS)
+                                .order_by(VERSIONS.c.pack_attempts, VERSIONS.c.created_at).limit(limit)).all()
         packed = 0
         for r in rows:  # one packer per version at a time, across processes
             with self.coordination.try_lock(f"pack:{r.id}", 600, busy=E.DraftstoreError) as held:
@@ -192,12 +194,13 @@ class Projects:
                 try:
                     self.packing.write(Digest(r.code_manifest_key))
                     with self.db.tx() as conn:
-                        conn.execute(V.update().where(V.c.id == r.id).values(packed_at=utcnow()))
+                        conn.execute(VERSIONS.update().where(VERSIONS.c.id == r.id).values(packed_at=utcnow()))
                     packed += 1
                 except E.DraftstoreError as exc:
                     log.warning("packing version %s failed (attempt left for later): %s", r.id, exc)
                     with self.db.tx() as conn:
-                        conn.execute(V.update().where(V.c.id == r.id).values(pack_attempts=V.c.pack_attempts + 1))
+                        conn.execute(VERSIONS.update().where(VERSIONS.c.id == r.id)
+                                     .values(pack_attempts=VERSIONS.c.pack_attempts + 1))
         return packed
 
     def pack_open_drafts(self, limit: int = 10) -> int:
@@ -211,11 +214,11 @@ class Projects:
         life (the draft reads file by file meanwhile)."""
         with self.db.tx(read_only=True) as conn:
             roots = conn.execute(
-                sa.select(D.c.code_manifest_key).distinct()
-                .where(D.c.closed_at.is_(None), D.c.code_manifest_key != EMPTY_TREE,
-                       D.c.file_count > packing_module.MAX_PACK_FILES,
-                       D.c.code_manifest_key.not_in(sorted(self._unpackable)),
-                       ~sa.exists().where(PK.c.tree == D.c.code_manifest_key))
+                sa.select(DRAFTS.c.code_manifest_key).distinct()
+                .where(DRAFTS.c.closed_at.is_(None), DRAFTS.c.code_manifest_key != EMPTY_TREE,
+                       DRAFTS.c.file_count > packing_module.MAX_PACK_FILES,
+                       DRAFTS.c.code_manifest_key.not_in(sorted(self._unpackable)),
+                       ~sa.exists().where(PACKS.c.tree == DRAFTS.c.code_manifest_key))
                 .limit(limit)).scalars().all()
         packed = 0
         for root in roots:  # one packer per tree at a time, across processes
@@ -236,17 +239,18 @@ class Projects:
     def page(self, cursor: str | None, limit: int | None) -> Page[Project]:
         n = paging.limit(limit)
         with self.db.tx(read_only=True) as conn:
-            rows = conn.execute(paging.by_creation(P, "projects", cursor, n)).all()
+            rows = conn.execute(paging.by_creation(PROJECTS, "projects", cursor, n)).all()
         return paging.page("projects", rows, n, lambda r: (aware(r.created_at), r.id), project_record)
 
     def versions_page(self, project_id: str, cursor: str | None, limit: int | None,
                       newest_first: bool = False) -> Page[Version]:
-        return self.numbered_page("versions", V, V.c.number, version_record, project_id, cursor, limit, newest_first)
+        return self.numbered_page("versions", VERSIONS, VERSIONS.c.number, version_record, project_id, cursor, limit,
+                                  newest_first)
 
     def head_moves_page(self, project_id: str, cursor: str | None, limit: int | None,
                         newest_first: bool = False) -> Page[HeadMove]:
-        return self.numbered_page("head_moves", H, H.c.id, _head_move_record, project_id, cursor, limit,
-                                  newest_first)
+        return self.numbered_page("head_moves", HEAD_MOVES, HEAD_MOVES.c.id, _head_move_record, project_id, cursor,
+                                  limit, newest_first)
 
     def numbered_page(self, kind: str, table: sa.Table, order: Any, record: Callable[[Any], Any], project_id: str,
                       cursor: str | None, limit: int | None, newest_first: bool,
@@ -270,19 +274,19 @@ class Projects:
         with self.db.tx(read_only=True) as conn:
             self.load(conn, project_id)
             moves = conn.execute(
-                sa.select(H.c.reason, H.c.to_version_id, H.c.at, V.c.number)
-                .select_from(H.outerjoin(V, V.c.id == H.c.to_version_id))
-                .where(H.c.project_id == project_id,
-                       H.c.reason.in_([HeadMoveReason.PUBLISH.value, HeadMoveReason.ROLLBACK.value]))
-                .order_by(H.c.id.desc()).limit(limit)).all()
+                sa.select(HEAD_MOVES.c.reason, HEAD_MOVES.c.to_version_id, HEAD_MOVES.c.at, VERSIONS.c.number)
+                .select_from(HEAD_MOVES.outerjoin(VERSIONS, VERSIONS.c.id == HEAD_MOVES.c.to_version_id))
+                .where(HEAD_MOVES.c.project_id == project_id,
+                       HEAD_MOVES.c.reason.in_([HeadMoveReason.PUBLISH.value, HeadMoveReason.ROLLBACK.value]))
+                .order_by(HEAD_MOVES.c.id.desc()).limit(limit)).all()
             discarded = conn.execute(
-                sa.select(D.c.id, D.c.closed_at)
-                .where(D.c.project_id == project_id, D.c.closed_reason == "discarded")
-                .order_by(D.c.closed_at.desc()).limit(limit)).all()
+                sa.select(DRAFTS.c.id, DRAFTS.c.closed_at)
+                .where(DRAFTS.c.project_id == project_id, DRAFTS.c.closed_reason == "discarded")
+                .order_by(DRAFTS.c.closed_at.desc()).limit(limit)).all()
             reverts = [(aware(m.at), ("draft.reverted", self._reverted(conn, m.turn_id, m.at))) for m in conn.execute(
-                sa.select(H.c.turn_id, H.c.at)
-                .where(H.c.project_id == project_id, H.c.reason == HeadMoveReason.REVERT.value)
-                .order_by(H.c.id.desc()).limit(limit)).all()]
+                sa.select(HEAD_MOVES.c.turn_id, HEAD_MOVES.c.at)
+                .where(HEAD_MOVES.c.project_id == project_id, HEAD_MOVES.c.reason == HeadMoveReason.REVERT.value)
+                .order_by(HEAD_MOVES.c.id.desc()).limit(limit)).all()]
         events: list[tuple[datetime, tuple[str, dict[str, Any]]]] = [
             (aware(m.at), ("version.published", {"version_id": m.to_version_id, "number": m.number})
              if m.reason == HeadMoveReason.PUBLISH
@@ -298,9 +302,9 @@ class Projects:
     def _reverted(conn: Connection, to_turn_id: str, at: datetime) -> dict[str, Any]:
         """A revert's event as it was emitted: the draft, the turn it went back to, and the
         turns it undid (those of that draft stamped reverted at the revert's own instant)."""
-        draft_id = conn.execute(sa.select(T.c.draft_id).where(T.c.id == to_turn_id)).scalar_one()
-        undone = conn.execute(sa.select(T.c.id).where(T.c.draft_id == draft_id, T.c.reverted_at == at)
-                              .order_by(T.c.number)).scalars().all()
+        draft_id = conn.execute(sa.select(TURNS.c.draft_id).where(TURNS.c.id == to_turn_id)).scalar_one()
+        undone = conn.execute(sa.select(TURNS.c.id).where(TURNS.c.draft_id == draft_id, TURNS.c.reverted_at == at)
+                              .order_by(TURNS.c.number)).scalars().all()
         return {"draft_id": draft_id, "to_turn_id": to_turn_id, "reverted": list(undone)}
 
     def rollback_to(self, project_id: str, version_id: str, actor: str | None) -> Project:

@@ -20,7 +20,7 @@ from . import faults
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import D, P, T, utcnow
+from .db.tables import DRAFTS, PROJECTS, TURNS, utcnow
 from .deferred import retry_unlocked
 from .drafts import Drafts, draft_record
 from .projects import Projects
@@ -106,13 +106,13 @@ class Publishing:
                 draft = self.drafts.lock_open(conn, project, "discard")
                 if draft.status == DraftStatus.PUBLISHING:
                     raise E.DraftBusy(f"draft {draft.id} is being published", draft_id=draft.id)
-                running = conn.execute(sa.select(T.c.id).where(
-                    T.c.draft_id == draft.id, T.c.status == TurnStatus.RUNNING.value)).scalar()
+                running = conn.execute(sa.select(TURNS.c.id).where(
+                    TURNS.c.draft_id == draft.id, TURNS.c.status == TurnStatus.RUNNING.value)).scalar()
                 if running is not None:
                     ended = self.turns.finish(conn, running, draft, fold, TurnStatus.ROLLED_BACK, now,
                                               {"end_reason": TurnEndReason.DISCARDED})
                 self._close(conn, project_id, draft.id, DraftClosedReason.DISCARDED, actor, now)
-                result = draft_record(conn.execute(sa.select(D).where(D.c.id == draft.id)).one())
+                result = draft_record(conn.execute(sa.select(DRAFTS).where(DRAFTS.c.id == draft.id)).one())
             return result, ended
 
         try:
@@ -126,24 +126,25 @@ class Publishing:
 
     def _close(self, conn: Any, project_id: str, draft_id: str, reason: DraftClosedReason, actor: str | None,
                now: Any, published_version_id: str | None = None) -> None:
-        conn.execute(D.update().where(D.c.id == draft_id).values(
+        conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft_id).values(
             closed_at=now, closed_reason=reason, closed_by=actor, published_version_id=published_version_id,
-            status_changed_at=now, revision=D.c.revision + 1))
-        conn.execute(P.update().where(P.c.id == project_id).values(active_draft_id=None))
+            status_changed_at=now, revision=DRAFTS.c.revision + 1))
+        conn.execute(PROJECTS.update().where(PROJECTS.c.id == project_id).values(active_draft_id=None))
 
     def release_stuck(self) -> int:
         """Release drafts left ``publishing`` longer than ``publishing_stuck_s``
         (only an older release could leave one: publish is one transaction now)."""
         now = utcnow()
         with self.db.tx(read_only=True) as conn:
-            stuck = conn.execute(sa.select(D.c.id, D.c.status_changed_at).where(
-                D.c.status == DraftStatus.PUBLISHING.value, D.c.closed_at.is_(None))).all()
+            stuck = conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.status_changed_at).where(
+                DRAFTS.c.status == DraftStatus.PUBLISHING.value, DRAFTS.c.closed_at.is_(None))).all()
         released = 0
         for draft_id, changed in stuck:
             if (now - aware(changed)).total_seconds() <= self.settings.publishing_stuck_s:  # type: ignore[operator]
                 continue
             with self.db.tx() as conn:
-                released += conn.execute(D.update().where(
-                    D.c.id == draft_id, D.c.status == DraftStatus.PUBLISHING.value, D.c.closed_at.is_(None),
+                released += conn.execute(DRAFTS.update().where(
+                    DRAFTS.c.id == draft_id, DRAFTS.c.status == DraftStatus.PUBLISHING.value,
+                    DRAFTS.c.closed_at.is_(None),
                 ).values(status=DraftStatus.INTERRUPTED, status_changed_at=now)).rowcount
         return released

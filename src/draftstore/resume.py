@@ -30,7 +30,7 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .database import Database
-from .db.tables import T
+from .db.tables import TURNS
 from .diff import diff_views
 from .digest import EMPTY_TREE
 from .records import (
@@ -64,7 +64,7 @@ _UNFINISHED = (ToolCallStatus.INTERRUPTED, ToolCallStatus.EXPIRED)
 def _not_reverted(stmt: sa.Select[Any]) -> sa.Select[Any]:
     """The turns still part of the draft: a turn an admin reverted the draft past
     (``reverted_at`` set) leaves the resume context."""
-    return stmt.where(T.c.reverted_at.is_(None))
+    return stmt.where(TURNS.c.reverted_at.is_(None))
 
 
 def _call(c: ToolCall) -> ResumeToolCall:
@@ -111,14 +111,15 @@ class Resume:
         budget = _bound("max_bytes", max_bytes, self.settings.resume_max_bytes, 1, None)
         key = paging.decode(_CURSOR, cursor, (int,))
         with self.db.tx(read_only=True) as conn:
-            turn = conn.execute(sa.select(T.c.id, T.c.project_id, T.c.draft_id, T.c.number, T.c.base_version_id)
-                                .where(T.c.id == turn_id)).first()
+            turn = conn.execute(sa.select(TURNS.c.id, TURNS.c.project_id, TURNS.c.draft_id, TURNS.c.number,
+                                          TURNS.c.base_version_id)
+                                .where(TURNS.c.id == turn_id)).first()
             if turn is None:
                 raise E.turn_not_found(turn_id)
             rows = conn.execute(_not_reverted(
-                sa.select(T).where(T.c.draft_id == turn.draft_id, T.c.number < turn.number,
-                                   T.c.number > (key[0] if key else 0))
-                .order_by(T.c.number).limit(n + 1))).all()
+                sa.select(TURNS).where(TURNS.c.draft_id == turn.draft_id, TURNS.c.number < turn.number,
+                                       TURNS.c.number > (key[0] if key else 0))
+                .order_by(TURNS.c.number).limit(n + 1))).all()
             turns: list[ResumeTurn] = []
             used = 0
             for r in rows[:n]:
@@ -129,8 +130,8 @@ class Resume:
                     break
                 turns.append(one)
                 used += size
-            last = conn.execute(sa.select(T.c.id).where(T.c.draft_id == turn.draft_id)
-                                .order_by(T.c.number.desc()).limit(1)).scalar()
+            last = conn.execute(sa.select(TURNS.c.id).where(TURNS.c.draft_id == turn.draft_id)
+                                .order_by(TURNS.c.number.desc()).limit(1)).scalar()
         truncated = len(turns) < len(rows)
         return ResumeContext(
             turn_id=turn.id, project_id=turn.project_id, draft_id=turn.draft_id,

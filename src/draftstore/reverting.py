@@ -31,7 +31,7 @@ from . import errors as E
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import C, D, H, S, T, utcnow
+from .db.tables import DRAFTS, DRAFT_CHANGES, HEAD_MOVES, SNAPSHOTS, TURNS, utcnow
 from .digest import Digest
 from .drafts import Drafts, draft_record
 from .objects import Objects
@@ -40,8 +40,8 @@ from .records import Draft, DraftStatus, HeadMoveReason, TurnStatus
 
 __all__ = ["Reverting"]
 
-_BOUNDARY = sa.select(T.c.project_id, T.c.draft_id, T.c.number, T.c.continues_turn_id, T.c.start_root,
-                      T.c.start_state_digest, T.c.pruned_at)
+_BOUNDARY = sa.select(TURNS.c.project_id, TURNS.c.draft_id, TURNS.c.number, TURNS.c.continues_turn_id,
+                      TURNS.c.start_root, TURNS.c.start_state_digest, TURNS.c.pruned_at)
 
 
 class Reverting:
@@ -59,7 +59,7 @@ class Reverting:
         actor = check.actor(actor)
         with self.db.statement(read_only=True) as conn:
             self.projects.load(conn, project_id)  # project.not_found first, as every project operation
-            turn = conn.execute(_BOUNDARY.where(T.c.id == to_turn_id)).first()
+            turn = conn.execute(_BOUNDARY.where(TURNS.c.id == to_turn_id)).first()
         if turn is None or turn.project_id != project_id:
             # another project's turn is not found, exactly as an unknown one: ids do not leak across projects
             raise E.turn_not_found(to_turn_id, project_id)
@@ -78,9 +78,9 @@ class Reverting:
                                   if draft.status == DraftStatus.RUNNING else f"draft {draft.id} is being published",
                                   draft_id=draft.id, status=draft.status)
             undone = conn.execute(self.db.for_update(
-                sa.select(T.c.id, T.c.status)
-                .where(T.c.draft_id == draft.id, T.c.number >= turn.number, T.c.reverted_at.is_(None))
-                .order_by(T.c.number))).all()
+                sa.select(TURNS.c.id, TURNS.c.status)
+                .where(TURNS.c.draft_id == draft.id, TURNS.c.number >= turn.number, TURNS.c.reverted_at.is_(None))
+                .order_by(TURNS.c.number))).all()
             if turn.draft_id != draft.id or not undone or undone[0].id != to_turn_id:
                 raise E.TurnConflict(
                     f"turn {to_turn_id} is not a turn of draft {draft.id} still standing (an earlier draft's "
@@ -88,26 +88,28 @@ class Reverting:
                     turn_id=to_turn_id, draft_id=draft.id)
             if any(t.status == TurnStatus.RUNNING for t in undone):  # the draft's status said so; never trust one
                 raise E.DraftBusy(f"a turn of draft {draft.id} is running", draft_id=draft.id)
-            swapped = conn.execute(D.update().where(D.c.id == draft.id, D.c.revision == draft.revision).values(
+            swapped = conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft.id,
+                                                         DRAFTS.c.revision == draft.revision).values(
                 code_manifest_key=turn.start_root, file_count=files, characters_json=state["characters"],
                 world_settings_json=state["world_settings"], last_turn_id=turn.continues_turn_id,
                 # the partial response and the snapshot were of the undone state
                 partial_response_json=None, snapshot_id=None,
-                status=DraftStatus.PAUSED, status_changed_at=now, revision=D.c.revision + 1)).rowcount
+                status=DraftStatus.PAUSED, status_changed_at=now, revision=DRAFTS.c.revision + 1)).rowcount
             if swapped != 1:  # unreachable while the row is locked; the compare-and-swap says what is assumed
                 raise E.DraftConflict(f"draft {draft.id} changed during the revert", draft_id=draft.id)
             # writes a dead worker of an older release left unsealed belong to the undone turns
-            conn.execute(C.delete().where(C.c.draft_id == draft.id))
-            conn.execute(S.update().where(S.c.project_id == project_id, S.c.source_kind == "draft",
-                                          S.c.source_id == draft.id, S.c.status == "ready",
-                                          S.c.root != turn.start_root).values(status="stale"))
-            conn.execute(T.update().where(T.c.id.in_([t.id for t in undone])).values(
+            conn.execute(DRAFT_CHANGES.delete().where(DRAFT_CHANGES.c.draft_id == draft.id))
+            conn.execute(SNAPSHOTS.update().where(SNAPSHOTS.c.project_id == project_id,
+                                                  SNAPSHOTS.c.source_kind == "draft",
+                                                  SNAPSHOTS.c.source_id == draft.id, SNAPSHOTS.c.status == "ready",
+                                                  SNAPSHOTS.c.root != turn.start_root).values(status="stale"))
+            conn.execute(TURNS.update().where(TURNS.c.id.in_([t.id for t in undone])).values(
                 reverted_at=now, reverted_by=actor))
-            conn.execute(H.insert().values(
+            conn.execute(HEAD_MOVES.insert().values(
                 project_id=project_id, from_version_id=project.current_version_id,
                 to_version_id=project.current_version_id, reason=HeadMoveReason.REVERT, actor=actor,
                 turn_id=to_turn_id, at=now))
-            result = draft_record(conn.execute(sa.select(D).where(D.c.id == draft.id)).one())
+            result = draft_record(conn.execute(sa.select(DRAFTS).where(DRAFTS.c.id == draft.id)).one())
         self.coordination.emit(f"project:{project_id}", "draft.reverted",
                     {"draft_id": result.id, "to_turn_id": to_turn_id, "reverted": [t.id for t in undone]})
         return result

@@ -26,7 +26,7 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .database import Database
-from .db.tables import SB, P, S, T, utcnow
+from .db.tables import PROJECTS, SANDBOX_SESSIONS, SNAPSHOTS, TURNS, utcnow
 from .ids import new_id
 from .records import Page, SandboxSession, SandboxStatus, aware
 from .view import View
@@ -86,22 +86,22 @@ class Sandboxes:
                 self._turn_of(conn, project_id, check.turn_id(turn_id))
             if snapshot_id is not None:
                 self._snapshot_of(conn, project_id, snapshot_id)
-            conn.execute(SB.insert().values(
+            conn.execute(SANDBOX_SESSIONS.insert().values(
                 id=sid, project_id=project_id, draft_id=source_id if kind == "draft" else None,
                 version_id=source_id if kind == "version" else None, turn_id=turn_id, provider=provider,
                 external_id=external_id, snapshot_id=snapshot_id, status=first.value, created_at=now,
                 updated_at=now, last_seen_at=now))
-            return session_record(conn.execute(sa.select(SB).where(SB.c.id == sid)).one())
+            return session_record(conn.execute(sa.select(SANDBOX_SESSIONS).where(SANDBOX_SESSIONS.c.id == sid)).one())
 
     @staticmethod
     def _turn_of(conn: Connection, project_id: str, turn_id: str) -> None:
-        if conn.execute(sa.select(T.c.id).where(T.c.id == turn_id, T.c.project_id == project_id)).first() is None:
+        if conn.execute(sa.select(TURNS.c.id).where(TURNS.c.id == turn_id, TURNS.c.project_id == project_id)).first() is None:
             raise E.turn_not_found(turn_id, project_id)
 
     @staticmethod
     def _snapshot_of(conn: Connection, project_id: str, snapshot_id: Any) -> None:
         sid = check.snapshot_id(snapshot_id)
-        if conn.execute(sa.select(S.c.id).where(S.c.id == sid, S.c.project_id == project_id)).first() is None:
+        if conn.execute(sa.select(SNAPSHOTS.c.id).where(SNAPSHOTS.c.id == sid, SNAPSHOTS.c.project_id == project_id)).first() is None:
             raise E.SnapshotNotFound(f"no snapshot {sid!r} in project {project_id}", snapshot_id=sid)
 
     def get(self, session_id: str, project_id: str | None) -> SandboxSession:
@@ -109,7 +109,7 @@ class Sandboxes:
         if project_id is not None:
             check.project_id(project_id)
         with self.db.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(SB).where(SB.c.id == sid)).first()
+            row = conn.execute(sa.select(SANDBOX_SESSIONS).where(SANDBOX_SESSIONS.c.id == sid)).first()
         if row is None or (project_id is not None and row.project_id != project_id):
             raise E.SandboxNotFound(f"no sandbox session {sid!r}", session_id=sid)
         return session_record(row)
@@ -119,11 +119,12 @@ class Sandboxes:
         check.project_id(project_id)
         n = paging.limit(limit)
         wanted = None if status is None else _status(status, frozenset(SandboxStatus))
-        stmt = paging.by_creation(SB, "sandbox_sessions", cursor, n).where(SB.c.project_id == project_id)
+        stmt = (paging.by_creation(SANDBOX_SESSIONS, "sandbox_sessions", cursor, n)
+                .where(SANDBOX_SESSIONS.c.project_id == project_id))
         if wanted is not None:
-            stmt = stmt.where(SB.c.status == wanted.value)
+            stmt = stmt.where(SANDBOX_SESSIONS.c.status == wanted.value)
         with self.db.tx(read_only=True) as conn:
-            if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
+            if conn.execute(sa.select(PROJECTS.c.id).where(PROJECTS.c.id == project_id)).first() is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
             rows = conn.execute(stmt).all()
         return paging.page("sandbox_sessions", rows, n, lambda r: (r.created_at, r.id), session_record)
@@ -134,7 +135,8 @@ class Sandboxes:
         sid = check.session_id(session_id)
         new = None if status is None else _status(status, allowed)
         with self.db.tx() as conn:
-            row = conn.execute(self.db.for_update(sa.select(SB).where(SB.c.id == sid))).first()
+            row = conn.execute(self.db.for_update(sa.select(SANDBOX_SESSIONS)
+                                                  .where(SANDBOX_SESSIONS.c.id == sid))).first()
             if row is None or (project_id is not None and row.project_id != project_id):
                 raise E.SandboxNotFound(f"no sandbox session {sid!r}", session_id=sid)
             current = SandboxStatus(row.status)
@@ -148,8 +150,8 @@ class Sandboxes:
             values: dict[str, Any] = {"updated_at": now, "last_seen_at": now}
             if new is not None:
                 values["status"] = new.value
-            conn.execute(SB.update().where(SB.c.id == sid).values(**values))
-            return session_record(conn.execute(sa.select(SB).where(SB.c.id == sid)).one())
+            conn.execute(SANDBOX_SESSIONS.update().where(SANDBOX_SESSIONS.c.id == sid).values(**values))
+            return session_record(conn.execute(sa.select(SANDBOX_SESSIONS).where(SANDBOX_SESSIONS.c.id == sid)).one())
 
     def close(self, session_id: str, project_id: str | None) -> SandboxSession:
         """Close the session; closing a closed one returns it unchanged (a retried close), a
@@ -169,6 +171,6 @@ class Sandboxes:
         now = utcnow()
         cutoff = now - timedelta(seconds=self.heartbeat_ttl_s)
         with self.db.tx() as conn:
-            return conn.execute(SB.update().where(
-                SB.c.status.in_([s.value for s in OPEN]), SB.c.last_seen_at < cutoff,
+            return conn.execute(SANDBOX_SESSIONS.update().where(
+                SANDBOX_SESSIONS.c.status.in_([s.value for s in OPEN]), SANDBOX_SESSIONS.c.last_seen_at < cutoff,
             ).values(status=SandboxStatus.LOST.value, updated_at=now)).rowcount

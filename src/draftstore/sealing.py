@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection
 from . import errors as E
 from . import faults
 from .database import Database
-from .db.tables import C, D, P, S, T
+from .db.tables import DRAFTS, DRAFT_CHANGES, PROJECTS, SNAPSHOTS, TURNS
 from .deferred import awaited, retry_unlocked
 from .digest import EMPTY_TREE, Digest
 from .objects import Objects
@@ -74,9 +74,10 @@ class Fold:
 
 def _overlay_of(draft: Any, *extra: Any) -> Any:
     """The sealed root, revision and overlay rows of the draft ``draft`` selects."""
-    return (sa.select(D.c.id, D.c.code_manifest_key, D.c.revision, C.c.path, C.c.digest, C.c.size, C.c.executable,
-                      *extra)
-            .select_from(D.outerjoin(C, C.c.draft_id == D.c.id)).where(D.c.id == draft))
+    return (sa.select(DRAFTS.c.id, DRAFTS.c.code_manifest_key, DRAFTS.c.revision, DRAFT_CHANGES.c.path,
+                      DRAFT_CHANGES.c.digest, DRAFT_CHANGES.c.size, DRAFT_CHANGES.c.executable, *extra)
+            .select_from(DRAFTS.outerjoin(DRAFT_CHANGES, DRAFT_CHANGES.c.draft_id == DRAFTS.c.id))
+            .where(DRAFTS.c.id == draft))
 
 
 class Sealing:
@@ -86,13 +87,16 @@ class Sealing:
         key = sa.bindparam("key")
         self._overlay = _overlay_of(sa.bindparam("draft_id"))
         self._of_draft = _overlay_of(key)
-        self._of_project = _overlay_of(sa.select(P.c.active_draft_id).where(P.c.id == key).scalar_subquery())
-        self._of_turn = _overlay_of(sa.select(T.c.draft_id).where(T.c.id == key).scalar_subquery(),
-                                    sa.select(T.c.status).where(T.c.id == key).scalar_subquery().label("status"))
+        self._of_project = _overlay_of(
+            sa.select(PROJECTS.c.active_draft_id).where(PROJECTS.c.id == key).scalar_subquery())
+        self._of_turn = _overlay_of(
+            sa.select(TURNS.c.draft_id).where(TURNS.c.id == key).scalar_subquery(),
+            sa.select(TURNS.c.status).where(TURNS.c.id == key).scalar_subquery().label("status"))
         self._lock = db.for_update(
-            sa.select(D.c.id, D.c.project_id, D.c.code_manifest_key, D.c.revision, D.c.status, D.c.file_count,
-                      D.c.closed_at, D.c.characters_json, D.c.world_settings_json)
-            .where(D.c.id == sa.bindparam("draft_id")))
+            sa.select(DRAFTS.c.id, DRAFTS.c.project_id, DRAFTS.c.code_manifest_key, DRAFTS.c.revision,
+                      DRAFTS.c.status, DRAFTS.c.file_count, DRAFTS.c.closed_at, DRAFTS.c.characters_json,
+                      DRAFTS.c.world_settings_json)
+            .where(DRAFTS.c.id == sa.bindparam("draft_id")))
 
     def lock(self, conn: Connection, draft_id: str) -> Any:
         """Lock the draft row for the rest of the transaction (None if there is no such draft)."""
@@ -158,12 +162,13 @@ class Sealing:
         new, files = fold.plan.root, fold.plan.files
         faults.point("seal.before_swap")
         # a new tree: the draft's snapshot (of the old one) no longer restores it
-        conn.execute(D.update().where(D.c.id == locked.id).values(code_manifest_key=new, file_count=files,
-                                                                  snapshot_id=None))
-        conn.execute(C.delete().where(C.c.draft_id == locked.id))
+        conn.execute(DRAFTS.update().where(DRAFTS.c.id == locked.id).values(code_manifest_key=new, file_count=files,
+                                                                            snapshot_id=None))
+        conn.execute(DRAFT_CHANGES.delete().where(DRAFT_CHANGES.c.draft_id == locked.id))
         # the draft moved on: its snapshots of another tree are stale from now on
-        conn.execute(S.update().where(S.c.project_id == locked.project_id, S.c.source_kind == "draft",
-                                      S.c.source_id == locked.id, S.c.status == "ready", S.c.root != new)
+        conn.execute(SNAPSHOTS.update().where(SNAPSHOTS.c.project_id == locked.project_id,
+                                              SNAPSHOTS.c.source_kind == "draft", SNAPSHOTS.c.source_id == locked.id,
+                                              SNAPSHOTS.c.status == "ready", SNAPSHOTS.c.root != new)
                      .values(status="stale"))
         if fold.upload is not None:
             awaited(fold.upload)  # the caller runs its transaction with ``deferred.retry_unlocked``

@@ -31,7 +31,7 @@ from . import paging
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import D, P, S, utcnow
+from .db.tables import DRAFTS, PROJECTS, SNAPSHOTS, utcnow
 from .digest import Digest
 from .dirwriter import DirectoryWriter
 from .ids import new_id
@@ -86,8 +86,8 @@ class Snapshots:
         check.project_id(project_id)
         with self.db.tx(read_only=True) as conn:
             _project_exists(conn, project_id)
-            rows = conn.execute(sa.select(S).where(S.c.project_id == project_id)
-                                .order_by(S.c.created_at, S.c.id)).all()
+            rows = conn.execute(sa.select(SNAPSHOTS).where(SNAPSHOTS.c.project_id == project_id)
+                                .order_by(SNAPSHOTS.c.created_at, SNAPSHOTS.c.id)).all()
         return [snapshot_record(r) for r in rows]
 
     def page(self, project_id: str, cursor: str | None, limit: int | None) -> Page[Snapshot]:
@@ -95,31 +95,33 @@ class Snapshots:
         n = paging.limit(limit)
         with self.db.tx(read_only=True) as conn:
             _project_exists(conn, project_id)
-            rows = conn.execute(paging.by_creation(S, "snapshots", cursor, n)
-                                .where(S.c.project_id == project_id)).all()
+            rows = conn.execute(paging.by_creation(SNAPSHOTS, "snapshots", cursor, n)
+                                .where(SNAPSHOTS.c.project_id == project_id)).all()
         return paging.page("snapshots", rows, n, lambda r: (r.created_at, r.id), snapshot_record)
 
     def _insert(self, conn: Any, project_id: str, kind: str, source_id: str, root: str, status: SnapshotStatus,
                 external_ref: str | None = None) -> str:
         sid = new_id()
-        conn.execute(S.insert().values(id=sid, project_id=project_id, source_kind=kind, source_id=source_id,
-                                       root=root, status=status, external_ref=external_ref, files=0, size_bytes=0,
-                                       created_at=utcnow(), finished_at=None if status == "pending" else utcnow()))
+        conn.execute(SNAPSHOTS.insert().values(id=sid, project_id=project_id, source_kind=kind, source_id=source_id,
+                                               root=root, status=status, external_ref=external_ref, files=0,
+                                               size_bytes=0, created_at=utcnow(),
+                                               finished_at=None if status == "pending" else utcnow()))
         if status == SnapshotStatus.READY:
             _name_on_draft(conn, kind, source_id, root, sid)
         return sid
 
     def _get(self, snapshot_id: str) -> Snapshot:
         with self.db.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(S).where(S.c.id == snapshot_id)).one()
+            row = conn.execute(sa.select(SNAPSHOTS).where(SNAPSHOTS.c.id == snapshot_id)).one()
         return snapshot_record(row)
 
     def _mark(self, snapshot_id: str, status: SnapshotStatus, **values: Any) -> None:
         with self.db.tx() as conn:
-            conn.execute(S.update().where(S.c.id == snapshot_id).values(status=status, finished_at=utcnow(), **values))
+            conn.execute(SNAPSHOTS.update().where(SNAPSHOTS.c.id == snapshot_id)
+                         .values(status=status, finished_at=utcnow(), **values))
             if status == SnapshotStatus.READY:
-                row = conn.execute(sa.select(S.c.source_kind, S.c.source_id, S.c.root)
-                                   .where(S.c.id == snapshot_id)).one()
+                row = conn.execute(sa.select(SNAPSHOTS.c.source_kind, SNAPSHOTS.c.source_id, SNAPSHOTS.c.root)
+                                   .where(SNAPSHOTS.c.id == snapshot_id)).one()
                 _name_on_draft(conn, row.source_kind, row.source_id, row.root, snapshot_id)
 
     def schedule(self, conn: Any, project_id: str, version_id: str, root: str) -> str:
@@ -151,12 +153,13 @@ class Snapshots:
         view, _, _ = self._resolve(project_id, state)
         if view.overlay:
             return None
-        external_first = sa.case((S.c.external_ref.is_not(None), 0), else_=1)
+        external_first = sa.case((SNAPSHOTS.c.external_ref.is_not(None), 0), else_=1)
         with self.db.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(S).where(
-                S.c.project_id == project_id, S.c.root == str(view.root), S.c.status == SnapshotStatus.READY.value,
-                sa.or_(S.c.external_ref.is_not(None), S.c.bundle_key.is_not(None)),
-            ).order_by(external_first, S.c.created_at.desc(), S.c.id.desc()).limit(1)).first()
+            row = conn.execute(sa.select(SNAPSHOTS).where(
+                SNAPSHOTS.c.project_id == project_id, SNAPSHOTS.c.root == str(view.root),
+                SNAPSHOTS.c.status == SnapshotStatus.READY.value,
+                sa.or_(SNAPSHOTS.c.external_ref.is_not(None), SNAPSHOTS.c.bundle_key.is_not(None)),
+            ).order_by(external_first, SNAPSHOTS.c.created_at.desc(), SNAPSHOTS.c.id.desc()).limit(1)).first()
         return None if row is None else snapshot_record(row)
 
     # -- building ------------------------------------------------------------------------------
@@ -172,8 +175,8 @@ class Snapshots:
         builder that died); returns how many were built. Each is built from the root its row
         names."""
         with self.db.tx(read_only=True) as conn:
-            rows = conn.execute(sa.select(S).where(S.c.status == SnapshotStatus.PENDING.value)
-                                .order_by(S.c.created_at).limit(limit)).all()
+            rows = conn.execute(sa.select(SNAPSHOTS).where(SNAPSHOTS.c.status == SnapshotStatus.PENDING.value)
+                                .order_by(SNAPSHOTS.c.created_at).limit(limit)).all()
         built = 0
         for r in rows:  # one builder per snapshot at a time, across processes
             with self.coordination.try_lock(f"snapshot:{r.id}", 600) as held:
@@ -261,9 +264,10 @@ class Snapshots:
         if view.overlay:
             return None
         with self.db.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(S).where(S.c.project_id == view.project_id, S.c.root == view.root,
-                                                  S.c.status == "ready", S.c.bundle_key.is_not(None))
-                               .order_by(S.c.created_at.desc()).limit(1)).first()
+            row = conn.execute(sa.select(SNAPSHOTS).where(SNAPSHOTS.c.project_id == view.project_id,
+                                                          SNAPSHOTS.c.root == view.root, SNAPSHOTS.c.status == "ready",
+                                                          SNAPSHOTS.c.bundle_key.is_not(None))
+                               .order_by(SNAPSHOTS.c.created_at.desc()).limit(1)).first()
         return None if row is None else snapshot_record(row)
 
     def _extract(self, raw: bytes, expected: dict[str, Any], dest: Path, progress: Progress | None
@@ -315,12 +319,12 @@ def _name_on_draft(conn: Any, kind: str, source_id: str, root: str, snapshot_id:
     """A ready snapshot of a draft becomes the draft's ``snapshot_id`` while the draft's tree
     is still the one it holds (a build that finishes after the draft moved on names nothing)."""
     if kind == "draft":
-        conn.execute(D.update().where(D.c.id == source_id, D.c.code_manifest_key == root)
+        conn.execute(DRAFTS.update().where(DRAFTS.c.id == source_id, DRAFTS.c.code_manifest_key == root)
                      .values(snapshot_id=snapshot_id))
 
 
 def _project_exists(conn: Any, project_id: str) -> None:
-    if conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
+    if conn.execute(sa.select(PROJECTS.c.id).where(PROJECTS.c.id == project_id)).first() is None:
         raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
 
 

@@ -32,7 +32,7 @@ from . import faults, patches
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import C, D, T
+from .db.tables import DRAFTS, DRAFT_CHANGES, TURNS
 from .deferred import awaited, retry_unlocked
 from .digest import Digest, digest_of
 from .objects import Objects
@@ -70,8 +70,9 @@ def _overlay_condition(n_paths: int) -> Any:
     parents (bind ``names``, expanding) and everything below each path
     (binds ``lo0``/``hi0``, ...: '/' is 0x2F and '0' 0x30, so the range
     [p + '/', p + '0') is exactly the paths below p)."""
-    conds = [C.c.path.in_(sa.bindparam("names", expanding=True))]
-    conds += [sa.and_(C.c.path > sa.bindparam(f"lo{i}"), C.c.path < sa.bindparam(f"hi{i}")) for i in range(n_paths)]
+    conds = [DRAFT_CHANGES.c.path.in_(sa.bindparam("names", expanding=True))]
+    conds += [sa.and_(DRAFT_CHANGES.c.path > sa.bindparam(f"lo{i}"), DRAFT_CHANGES.c.path < sa.bindparam(f"hi{i}"))
+              for i in range(n_paths)]
     return sa.or_(*conds)
 
 
@@ -83,25 +84,26 @@ class Staging:
         self.limits = limits
         # a write's first statement: lock the draft of the turn, bump its revision
         self._lock_draft = (
-            D.update()
-            .where(D.c.id == sa.select(T.c.draft_id).where(T.c.id == sa.bindparam("turn_id")).scalar_subquery())
-            .values(revision=D.c.revision + 1)
-            .returning(D.c.id, D.c.revision, D.c.code_manifest_key, D.c.file_count, D.c.project_id,
-                       D.c.characters_json, D.c.world_settings_json)
+            DRAFTS.update()
+            .where(DRAFTS.c.id == sa.select(TURNS.c.draft_id).where(TURNS.c.id == sa.bindparam("turn_id"))
+                   .scalar_subquery())
+            .values(revision=DRAFTS.c.revision + 1)
+            .returning(DRAFTS.c.id, DRAFTS.c.revision, DRAFTS.c.code_manifest_key, DRAFTS.c.file_count,
+                       DRAFTS.c.project_id, DRAFTS.c.characters_json, DRAFTS.c.world_settings_json)
         )
-        self._turn_status = sa.select(T.c.status).where(T.c.id == sa.bindparam("turn_id"))
+        self._turn_status = sa.select(TURNS.c.status).where(TURNS.c.id == sa.bindparam("turn_id"))
         self._status_and_overlay: dict[int | None, Any] = {}
         if db.sqlite:
             from sqlalchemy.dialects.sqlite import insert
         else:
             from sqlalchemy.dialects.postgresql import insert
-        ins = insert(C)
+        ins = insert(DRAFT_CHANGES)
         self._upsert_overlay = ins.on_conflict_do_update(
-            index_elements=[C.c.draft_id, C.c.path],
+            index_elements=[DRAFT_CHANGES.c.draft_id, DRAFT_CHANGES.c.path],
             set_={"digest": ins.excluded.digest, "size": ins.excluded.size, "executable": ins.excluded.executable,
                   "revision": ins.excluded.revision})
-        self._add_file_count = D.update().where(D.c.id == sa.bindparam("draft_id")).values(
-            file_count=D.c.file_count + sa.bindparam("delta"))
+        self._add_file_count = DRAFTS.update().where(DRAFTS.c.id == sa.bindparam("draft_id")).values(
+            file_count=DRAFTS.c.file_count + sa.bindparam("delta"))
 
     # -- locking --------------------------------------------------------------------------
     def _not_running(self, conn: Connection, turn_id: str) -> E.DraftstoreError:
@@ -121,11 +123,12 @@ class Staging:
     def _status_overlay_stmt(self, n_paths: int | None) -> Any:
         stmt = self._status_and_overlay.get(n_paths)
         if stmt is None:
-            on = C.c.draft_id == sa.bindparam("draft_id")
+            on = DRAFT_CHANGES.c.draft_id == sa.bindparam("draft_id")
             if n_paths is not None:
                 on = sa.and_(on, _overlay_condition(n_paths))
-            stmt = sa.select(T.c.status, C.c.path, C.c.digest, C.c.size, C.c.executable).select_from(
-                T.outerjoin(C, on)).where(T.c.id == sa.bindparam("turn_id"))
+            stmt = (sa.select(TURNS.c.status, DRAFT_CHANGES.c.path, DRAFT_CHANGES.c.digest, DRAFT_CHANGES.c.size,
+                              DRAFT_CHANGES.c.executable)
+                    .select_from(TURNS.outerjoin(DRAFT_CHANGES, on)).where(TURNS.c.id == sa.bindparam("turn_id")))
             self._status_and_overlay[n_paths] = stmt
         return stmt
 
@@ -252,8 +255,9 @@ class Staging:
             raise E.PatchInvalid("a patch is a JSON Patch list or a JSON Merge Patch object", field=field)
         # the patch itself must be JSON (a non-JSON value is the patch's fault, not the result's)
         check.json_value("patch", patch, self.limits.max_json_state_bytes, error=E.PatchInvalid)
-        read = sa.select(T.c.status, D.c[column]).select_from(T.join(D, D.c.id == T.c.draft_id)).where(
-            T.c.id == sa.bindparam("turn_id"))
+        read = (sa.select(TURNS.c.status, DRAFTS.c[column])
+                .select_from(TURNS.join(DRAFTS, DRAFTS.c.id == TURNS.c.draft_id))
+                .where(TURNS.c.id == sa.bindparam("turn_id")))
         seen: Any = None
         for attempt in range(_UNLOCKED_PATCH_ATTEMPTS + 1):
             unlocked = attempt < _UNLOCKED_PATCH_ATTEMPTS
@@ -273,7 +277,7 @@ class Staging:
                         new, text = self._patched(current, patch, field)
                     elif current != seen:
                         raise _Changed  # rolls the transaction back: patch the new document
-                    conn.execute(D.update().where(D.c.id == draft.id).values(**{column: text}))
+                    conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft.id).values(**{column: text}))
             except _Changed:
                 continue
             break

@@ -21,7 +21,7 @@ from . import errors as E
 from . import paging
 from . import validation as check
 from .database import Database
-from .db.tables import K, P, utcnow
+from .db.tables import PROJECTS, TOKENS, utcnow
 from .ids import new_id
 from .records import Page, Role, Token, aware
 
@@ -58,18 +58,18 @@ class Tokens:
         tid = new_id()
         secret = f"dst_{tid}_{secrets.token_urlsafe(32)}"
         with self.db.tx() as conn:
-            if project_id is not None and conn.execute(sa.select(P.c.id).where(P.c.id == project_id)).first() is None:
+            if project_id is not None and conn.execute(sa.select(PROJECTS.c.id).where(PROJECTS.c.id == project_id)).first() is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
-            conn.execute(K.insert().values(id=tid, secret_hash=_digest(secret), role=role, project_id=project_id,
-                                           name=name, created_at=utcnow(), created_by=actor))
-            row = conn.execute(sa.select(K).where(K.c.id == tid)).one()
+            conn.execute(TOKENS.insert().values(id=tid, secret_hash=_digest(secret), role=role, project_id=project_id,
+                                                name=name, created_at=utcnow(), created_by=actor))
+            row = conn.execute(sa.select(TOKENS).where(TOKENS.c.id == tid)).one()
         return token_record(row), secret
 
     def page(self, cursor: str | None = None, limit: int | None = None) -> Page[Token]:
         """Tokens, oldest first (revoked ones included, marked)."""
         n = paging.limit(limit)
         with self.db.tx(read_only=True) as conn:
-            rows = conn.execute(paging.by_creation(K, "tokens", cursor, n)).all()
+            rows = conn.execute(paging.by_creation(TOKENS, "tokens", cursor, n)).all()
         return paging.page("tokens", rows, n, lambda r: (aware(r.created_at), r.id), token_record)
 
     def revoke(self, token_id: str) -> Token:
@@ -77,8 +77,9 @@ class Tokens:
         if not isinstance(token_id, str) or not re.fullmatch(r"[0-9a-f]{32}", token_id):
             raise E.TokenNotFound(f"no token {str(token_id)[:80]!r}", token_id=str(token_id)[:80])
         with self.db.tx() as conn:
-            conn.execute(K.update().where(K.c.id == token_id, K.c.revoked_at.is_(None)).values(revoked_at=utcnow()))
-            row = conn.execute(sa.select(K).where(K.c.id == token_id)).first()
+            conn.execute(TOKENS.update().where(TOKENS.c.id == token_id, TOKENS.c.revoked_at.is_(None))
+                         .values(revoked_at=utcnow()))
+            row = conn.execute(sa.select(TOKENS).where(TOKENS.c.id == token_id)).first()
         if row is None:
             raise E.TokenNotFound(f"no token {token_id!r}", token_id=token_id)
         return token_record(row)
@@ -89,7 +90,7 @@ class Tokens:
         if match is None:
             raise E.AuthInvalid("not a draftstore token")
         with self.db.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(K).where(K.c.id == match.group(1))).first()
+            row = conn.execute(sa.select(TOKENS).where(TOKENS.c.id == match.group(1))).first()
         if row is None or not hmac.compare_digest(row.secret_hash, _digest(secret)):
             raise E.AuthInvalid("unknown token")
         if row.revoked_at is not None:
@@ -100,4 +101,4 @@ class Tokens:
         """True once any token was ever created, revoked or not: from then on the
         service requires tokens (revoking every token never reopens it)."""
         with self.db.statement(read_only=True) as conn:
-            return conn.execute(sa.select(sa.exists().select_from(K))).scalar() is True
+            return conn.execute(sa.select(sa.exists().select_from(TOKENS))).scalar() is True

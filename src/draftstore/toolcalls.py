@@ -36,7 +36,7 @@ from . import paging
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import T, TC, utcnow
+from .db.tables import TOOL_CALLS, TURNS, utcnow
 from .digest import Digest
 from .objects import Objects
 from .records import Page, ToolCall, ToolCallStatus, TurnStatus, aware
@@ -140,26 +140,28 @@ class ToolCalls:
         self.coordination = coordination
         self.limits = limits
         # binds are prefixed p_: SQLAlchemy reserves column names in INSERT/UPDATE
-        next_seq = (sa.select(sa.func.coalesce(sa.func.max(TC.c.seq), 0) + 1)
-                    .where(TC.c.turn_id == sa.bindparam("p_turn_id")).scalar_subquery())
+        next_seq = (sa.select(sa.func.coalesce(sa.func.max(TOOL_CALLS.c.seq), 0) + 1)
+                    .where(TOOL_CALLS.c.turn_id == sa.bindparam("p_turn_id")).scalar_subquery())
         source = sa.select(
-            T.c.id, next_seq, sa.bindparam("p_tool_name", type_=sa.String), sa.bindparam("p_status", type_=sa.String),
+            TURNS.c.id, next_seq, sa.bindparam("p_tool_name", type_=sa.String),
+            sa.bindparam("p_status", type_=sa.String),
             sa.bindparam("p_args_json", type_=sa.Text), sa.bindparam("p_args_digest", type_=sa.String),
             sa.bindparam("p_args_preview", type_=sa.Text), sa.bindparam("p_now", type_=sa.DateTime(timezone=True)),
             sa.bindparam("p_idempotency_key", type_=sa.String), sa.bindparam("p_request_digest", type_=sa.String),
-        ).where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
+        ).where(TURNS.c.id == sa.bindparam("p_turn_id"), TURNS.c.status == _RUNNING)
         if not db.sqlite:
             # wait for, then re-check, a concurrent status change of the turn
-            source = source.with_for_update(read=True, of=T)
-        self._started = db.one_shot(TC.insert().from_select(
+            source = source.with_for_update(read=True, of=TURNS)
+        self._started = db.one_shot(TOOL_CALLS.insert().from_select(
             ["turn_id", "seq", "tool_name", "status", "args_json", "args_digest", "args_preview", "started_at",
              "idempotency_key", "request_digest"],
-            source).returning(TC.c.seq))
-        self._by_key = sa.select(TC).where(TC.c.turn_id == sa.bindparam("p_turn_id"),
-                                           TC.c.idempotency_key == sa.bindparam("p_idempotency_key"))
-        running = sa.exists().where(T.c.id == sa.bindparam("p_turn_id"), T.c.status == _RUNNING)
-        finish = TC.update().where(TC.c.turn_id == sa.bindparam("p_turn_id"), TC.c.seq == sa.bindparam("p_seq"),
-                                   TC.c.status == ToolCallStatus.STARTED.value, running)
+            source).returning(TOOL_CALLS.c.seq))
+        self._by_key = sa.select(TOOL_CALLS).where(TOOL_CALLS.c.turn_id == sa.bindparam("p_turn_id"),
+                                                   TOOL_CALLS.c.idempotency_key == sa.bindparam("p_idempotency_key"))
+        running = sa.exists().where(TURNS.c.id == sa.bindparam("p_turn_id"), TURNS.c.status == _RUNNING)
+        finish = TOOL_CALLS.update().where(TOOL_CALLS.c.turn_id == sa.bindparam("p_turn_id"),
+                                           TOOL_CALLS.c.seq == sa.bindparam("p_seq"),
+                                           TOOL_CALLS.c.status == ToolCallStatus.STARTED.value, running)
         self._completed = db.one_shot(finish.values(
             status=ToolCallStatus.COMPLETED.value, ended_at=sa.bindparam("p_now"),
             result_json=sa.bindparam("p_result_json"), result_digest=sa.bindparam("p_result_digest"),
@@ -167,12 +169,13 @@ class ToolCalls:
         self._failed = db.one_shot(finish.values(
             status=ToolCallStatus.FAILED.value, ended_at=sa.bindparam("p_now"),
             error_json=sa.bindparam("p_error_json")))
-        self._decided = TC.update().where(
-            TC.c.turn_id == sa.bindparam("p_turn_id"), TC.c.seq == sa.bindparam("p_seq"),
-            TC.c.status == ToolCallStatus.AWAITING_APPROVAL.value, running,
+        self._decided = TOOL_CALLS.update().where(
+            TOOL_CALLS.c.turn_id == sa.bindparam("p_turn_id"), TOOL_CALLS.c.seq == sa.bindparam("p_seq"),
+            TOOL_CALLS.c.status == ToolCallStatus.AWAITING_APPROVAL.value, running,
         ).values(status=sa.bindparam("p_status"), approval_json=sa.bindparam("p_approval_json"),
                  ended_at=sa.bindparam("p_ended_at"))
-        self._rows = sa.select(TC).where(TC.c.turn_id == sa.bindparam("turn_id")).order_by(TC.c.seq)
+        self._rows = (sa.select(TOOL_CALLS).where(TOOL_CALLS.c.turn_id == sa.bindparam("turn_id"))
+                      .order_by(TOOL_CALLS.c.seq))
 
     # -- recording -------------------------------------------------------------------------
     def _payload(self, field: str, value: Any) -> tuple[str | None, str | None, str | None]:
@@ -260,7 +263,8 @@ class ToolCalls:
             updated = conn.execute(self._decided, {
                 "p_turn_id": turn_id, "p_seq": seq, "p_status": status.value,
                 "p_approval_json": check.dump_json(approval), "p_ended_at": None if approved else now}).rowcount
-            row = conn.execute(sa.select(TC).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
+            row = conn.execute(sa.select(TOOL_CALLS).where(TOOL_CALLS.c.turn_id == turn_id,
+                                                           TOOL_CALLS.c.seq == seq)).first()
         if updated != 1:
             raise self._why_not(turn_id, seq, deciding=True)
         self.coordination.emit(f"turn:{turn_id}", "tool.approved" if approved else "tool.denied",
@@ -291,11 +295,12 @@ class ToolCalls:
         """Why recording was refused: the turn is missing or ended, or the call is
         missing or already finished (read after the fact; the statement decided)."""
         with self.db.tx(read_only=True) as conn:
-            turn = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).first()
+            turn = conn.execute(sa.select(TURNS.c.status).where(TURNS.c.id == turn_id)).first()
             if turn is None or turn.status != _RUNNING:
                 return E.turn_refused(turn_id, None if turn is None else turn.status,
                                       "only a running turn records tool calls")
-            call = conn.execute(sa.select(TC.c.status).where(TC.c.turn_id == turn_id, TC.c.seq == seq)).first()
+            call = conn.execute(sa.select(TOOL_CALLS.c.status).where(TOOL_CALLS.c.turn_id == turn_id,
+                                                                     TOOL_CALLS.c.seq == seq)).first()
         if call is None:
             return E.ToolCallNotFound(f"turn {turn_id} has no tool call {seq}", turn_id=turn_id, seq=seq)
         if deciding:
@@ -319,7 +324,7 @@ class ToolCalls:
         if part not in ("args", "result"):
             raise E.InvalidInput('part is "args" or "result"', field="part")
         with self.db.tx(read_only=True) as conn:
-            turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
+            turn = conn.execute(sa.select(TURNS.c.id, TURNS.c.tool_calls_json).where(TURNS.c.id == turn_id)).first()
             if turn is None:
                 raise E.turn_not_found(turn_id)
             calls, _ = self.read(conn, turn, seq - 1, 1)
@@ -338,7 +343,7 @@ class ToolCalls:
         complete, interrupt, cancel, fail, the sweep's reap, a discard)."""
         rows = conn.execute(self._rows, {"turn_id": turn_id}).all()
         if rows:
-            conn.execute(TC.delete().where(TC.c.turn_id == turn_id))
+            conn.execute(TOOL_CALLS.delete().where(TOOL_CALLS.c.turn_id == turn_id))
         return check.JSONText("[" + ",".join(_compact(r, ended_at) for r in rows) + "]")
 
     def read(self, conn: Connection, turn: Any, after: int = 0,
@@ -353,11 +358,12 @@ class ToolCalls:
         """
         if turn.tool_calls_json is None:
             stmt = self._rows if not after and limit is None else (
-                sa.select(TC).where(TC.c.turn_id == turn.id, TC.c.seq > after).order_by(TC.c.seq).limit(limit))
+                sa.select(TOOL_CALLS).where(TOOL_CALLS.c.turn_id == turn.id, TOOL_CALLS.c.seq > after)
+                .order_by(TOOL_CALLS.c.seq).limit(limit))
             rows = conn.execute(stmt, {"turn_id": turn.id}).all()
-            if rows or conn.execute(sa.select(T.c.tool_calls_json.is_(None)).where(T.c.id == turn.id)).scalar():
+            if rows or conn.execute(sa.select(TURNS.c.tool_calls_json.is_(None)).where(TURNS.c.id == turn.id)).scalar():
                 return tuple(_from_row(turn.id, r) for r in rows), turn
-            turn = conn.execute(sa.select(T).where(T.c.id == turn.id)).one()
+            turn = conn.execute(sa.select(TURNS).where(TURNS.c.id == turn.id)).one()
         calls = [c for c in turn.tool_calls_json if c["seq"] > after]
         if limit is not None:
             calls = calls[:limit]
@@ -369,7 +375,7 @@ class ToolCalls:
         n = paging.limit(limit)
         key = paging.decode("tool_calls", cursor, (int,))
         with self.db.tx(read_only=True) as conn:
-            turn = conn.execute(sa.select(T.c.id, T.c.tool_calls_json).where(T.c.id == turn_id)).first()
+            turn = conn.execute(sa.select(TURNS.c.id, TURNS.c.tool_calls_json).where(TURNS.c.id == turn_id)).first()
             if turn is None:
                 raise E.turn_not_found(turn_id)
             calls, _ = self.read(conn, turn, key[0] if key else 0, n + 1)

@@ -38,7 +38,7 @@ from . import faults
 from . import validation as check
 from .coordination import Coordination
 from .database import Database
-from .db.tables import D, T, V, utcnow
+from .db.tables import DRAFTS, TURNS, VERSIONS, utcnow
 from .deferred import awaited, retry_unlocked
 from .deltas import Deltas
 from .digest import Digest, digest_of
@@ -58,15 +58,16 @@ log = logging.getLogger("draftstore")
 _RUNNING = TurnStatus.RUNNING.value
 # a project's running turn, and the state a turn would start from: its draft's, else its head's
 _RUNNING_AND_STATE = tuple(
-    sa.select(sa.select(T.c.id).where(T.c.project_id == sa.bindparam("project_id"), T.c.status == _RUNNING)
+    sa.select(sa.select(TURNS.c.id).where(TURNS.c.project_id == sa.bindparam("project_id"), TURNS.c.status == _RUNNING)
               .scalar_subquery().label("running"), src.c.characters_json, src.c.world_settings_json)
     .where(src.c.id == sa.bindparam("key"))
-    for src in (D, V))
+    for src in (DRAFTS, VERSIONS))
 # the state a turn would end with, read with its fold (``Turns.end``; ``key``: the turn id)
-_END_STATE = (sa.select(D.c.characters_json, D.c.world_settings_json, T.c.start_state_digest)
-              .select_from(T.join(D, D.c.id == T.c.draft_id)).where(T.c.id == sa.bindparam("key")))
+_END_STATE = (sa.select(DRAFTS.c.characters_json, DRAFTS.c.world_settings_json, TURNS.c.start_state_digest)
+              .select_from(TURNS.join(DRAFTS, DRAFTS.c.id == TURNS.c.draft_id))
+              .where(TURNS.c.id == sa.bindparam("key")))
 # every column but the compacted history: what a list of turns needs
-_SUMMARY = [c for c in T.c if c.name != "tool_calls_json"]
+_SUMMARY = [c for c in TURNS.c if c.name != "tool_calls_json"]
 
 
 def turn_record(r: Any, calls: tuple[Any, ...] = ()) -> Turn:
@@ -147,21 +148,22 @@ class Turns:
                 if running is not None:
                     raise E.TurnAlreadyRunning(f"turn {running} of project {project_id} is still running",
                                                turn_id=running)
-                number = (conn.execute(sa.select(sa.func.max(T.c.number)).where(T.c.project_id == project_id))
+                number = (conn.execute(sa.select(sa.func.max(TURNS.c.number)).where(TURNS.c.project_id == project_id))
                           .scalar() or 0) + 1
                 blob = state_blob(draft.characters_json, draft.world_settings_json)
                 state = digest_of(blob)
                 if state != stored:  # the draft changed since it was read (a publish or a discard between): rare
                     self.objects.raw.put(blob)
-                conn.execute(T.insert().values(
+                conn.execute(TURNS.insert().values(
                     id=tid, project_id=project_id, draft_id=draft.id, number=number,
                     continues_turn_id=from_turn_id or draft.last_turn_id, base_version_id=draft.base_version_id, actor=actor,
                     status=_RUNNING, user_message_json=message, start_root=draft.code_manifest_key,
                     start_state_digest=state, started_at=now,
                 ))
-                conn.execute(D.update().where(D.c.id == draft.id).values(
-                    status=DraftStatus.RUNNING, last_turn_id=tid, status_changed_at=now, revision=D.c.revision + 1))
-                row = conn.execute(sa.select(*_SUMMARY).where(T.c.id == tid)).one()
+                conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft.id).values(
+                    status=DraftStatus.RUNNING, last_turn_id=tid, status_changed_at=now,
+                    revision=DRAFTS.c.revision + 1))
+                row = conn.execute(sa.select(*_SUMMARY).where(TURNS.c.id == tid)).one()
         except sa_exc.IntegrityError as exc:
             # the partial unique indexes caught a race the checks above could not see
             raise E.TurnAlreadyRunning(f"another turn of project {project_id} started first") from exc
@@ -175,7 +177,8 @@ class Turns:
     def _check_continued(conn: Connection, turn_id: str, draft_id: str) -> None:
         """The turn a continue names must be an ended turn of the draft it continues, not reverted
         out of it (a reverted turn's work is no longer in the draft)."""
-        row = conn.execute(sa.select(T.c.draft_id, T.c.status, T.c.reverted_at).where(T.c.id == turn_id)).first()
+        row = conn.execute(sa.select(TURNS.c.draft_id, TURNS.c.status, TURNS.c.reverted_at)
+                           .where(TURNS.c.id == turn_id)).first()
         if row is None or row.draft_id != draft_id or row.reverted_at is not None:
             raise E.TurnConflict(f"turn {turn_id} is not a turn of the project's draft {draft_id}",
                                  turn_id=turn_id, draft_id=draft_id)
@@ -201,7 +204,8 @@ class Turns:
 
     @staticmethod
     def _running(conn: Connection, project_id: str) -> str | None:
-        return conn.execute(sa.select(T.c.id).where(T.c.project_id == project_id, T.c.status == _RUNNING)).scalar()
+        return conn.execute(sa.select(TURNS.c.id).where(TURNS.c.project_id == project_id,
+                                                        TURNS.c.status == _RUNNING)).scalar()
 
     # -- end -----------------------------------------------------------------------------------
     def complete(self, turn_id: str, assistant_message: Any) -> Turn:
@@ -244,8 +248,8 @@ class Turns:
                 draft = self.sealing.lock(conn, fold.draft_id)
                 turn = self.finish(conn, turn_id, draft, fold, status, now, values, ending)
                 partial = values.get("partial_response_json")
-                conn.execute(D.update().where(D.c.id == draft.id).values(
-                    status=draft_status, status_changed_at=now, revision=D.c.revision + 1,
+                conn.execute(DRAFTS.update().where(DRAFTS.c.id == draft.id).values(
+                    status=draft_status, status_changed_at=now, revision=DRAFTS.c.revision + 1,
                     **({"partial_response_json": partial} if partial is not None else {})))
                 faults.point("turn.end.before_commit")
             return turn
@@ -279,8 +283,8 @@ class Turns:
         state (``ending``: its object's upload, prepared before) and compact its
         history. Raises ``turn.not_running`` (rolling the caller's transaction back);
         the caller runs its transaction under ``deferred.retry_unlocked``."""
-        row = conn.execute(self.db.for_update(sa.select(T.c.status, T.c.start_state_digest)
-                                             .where(T.c.id == turn_id))).first()
+        row = conn.execute(self.db.for_update(sa.select(TURNS.c.status, TURNS.c.start_state_digest)
+                                             .where(TURNS.c.id == turn_id))).first()
         if row is None or row.status != _RUNNING:
             raise E.turn_refused(turn_id, None if row is None else row.status)
         root, _ = self.sealing.apply(conn, fold, draft)
@@ -295,9 +299,9 @@ class Turns:
             # by this committed row since (so garbage collection keeps it)
             self.objects.raw.put(blob)
         calls = self.toolcalls.compact(conn, turn_id, now)
-        row = conn.execute(T.update().where(T.c.id == turn_id).values(
+        row = conn.execute(TURNS.update().where(TURNS.c.id == turn_id).values(
             status=status, ended_at=now, end_root=root, end_state_digest=state, tool_calls_json=calls, **values,
-        ).returning(*T.c)).one()
+        ).returning(*TURNS.c)).one()
         calls_read, _ = self.toolcalls.read(conn, row)
         return turn_record(row, calls_read)
 
@@ -321,7 +325,7 @@ class Turns:
     def heartbeat(self, turn_id: str) -> None:
         check.turn_id(turn_id)
         with self.db.statement(read_only=True) as conn:
-            status = conn.execute(sa.select(T.c.status).where(T.c.id == turn_id)).scalar()
+            status = conn.execute(sa.select(TURNS.c.status).where(TURNS.c.id == turn_id)).scalar()
         if status != _RUNNING:
             raise E.turn_refused(turn_id, status)
         self._beat(turn_id)
@@ -336,7 +340,7 @@ class Turns:
     def get(self, turn_id: str) -> Turn:
         check.turn_id(turn_id)
         with self.db.tx(read_only=True) as conn:
-            row = conn.execute(sa.select(T).where(T.c.id == turn_id)).first()
+            row = conn.execute(sa.select(TURNS).where(TURNS.c.id == turn_id)).first()
             if row is None:
                 raise E.turn_not_found(turn_id)
             calls, row = self.toolcalls.read(conn, row)
@@ -345,19 +349,19 @@ class Turns:
     def list(self, project_id: str) -> list[Turn]:
         with self.db.tx(read_only=True) as conn:
             self.projects.load(conn, project_id)
-            rows = conn.execute(sa.select(*_SUMMARY).where(T.c.project_id == project_id)
-                                .order_by(T.c.number)).all()
+            rows = conn.execute(sa.select(*_SUMMARY).where(TURNS.c.project_id == project_id)
+                                .order_by(TURNS.c.number)).all()
         return [turn_record(r) for r in rows]
 
     def page(self, project_id: str, cursor: str | None, limit: int | None, newest_first: bool = False) -> Page[Turn]:
-        return self.projects.numbered_page("turns", T, T.c.number, turn_record, project_id, cursor, limit, newest_first,
-                                           columns=_SUMMARY)
+        return self.projects.numbered_page("turns", TURNS, TURNS.c.number, turn_record, project_id, cursor, limit,
+                                           newest_first, columns=_SUMMARY)
 
     def summary(self, turn_id: str) -> Turn:
         """A turn without its tool calls (see ``ToolCalls.page`` for them)."""
         check.turn_id(turn_id)
         with self.db.statement(read_only=True) as conn:
-            row = conn.execute(sa.select(*_SUMMARY).where(T.c.id == turn_id)).first()
+            row = conn.execute(sa.select(*_SUMMARY).where(TURNS.c.id == turn_id)).first()
         if row is None:
             raise E.turn_not_found(turn_id)
         return turn_record(row)
@@ -402,7 +406,7 @@ class Turns:
             return 0, 0
         now = utcnow()
         with self.db.tx(read_only=True) as conn:
-            running = conn.execute(sa.select(T.c.id, T.c.started_at).where(T.c.status == _RUNNING)).all()
+            running = conn.execute(sa.select(TURNS.c.id, TURNS.c.started_at).where(TURNS.c.status == _RUNNING)).all()
         reaped = failed = 0
         for tid, started in running:
             age = (now - aware(started)).total_seconds()  # type: ignore[operator]

@@ -16,8 +16,9 @@ Column names are the design's (``characters_state_json``, ``worldsettings_state_
 ``e2b_snapshot_ref``, ...), so SQL written from the design runs as it is; where the
 Python attribute is shorter, the column's ``key`` keeps it (README maps the names).
 
-``P``, ``V``, ``D``, ``C``, ``T``, ``TC``, ``S``, ``SB``, ``H``, ``K`` are the tables, for
-the components that own their SQL.
+``PROJECTS``, ``VERSIONS``, ``DRAFTS``, ``DRAFT_CHANGES``, ``TURNS``, ``TOOL_CALLS``,
+``SNAPSHOTS``, ``SANDBOX_SESSIONS``, ``HEAD_MOVES``, ``TOKENS``, ``PACKS`` and ``PACK_OBJECTS``
+are the tables (SQLAlchemy Core), for the components that own their SQL.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ __all__ = [
     "TokenRow",
     "PackRow",
     "PackObjectRow",
-    "P", "V", "D", "C", "T", "TC", "S", "H", "K", "PK", "PO", "SB",
+    "PROJECTS", "VERSIONS", "DRAFTS", "DRAFT_CHANGES", "TURNS", "TOOL_CALLS", "SNAPSHOTS", "SANDBOX_SESSIONS",
+    "HEAD_MOVES", "TOKENS", "PACKS", "PACK_OBJECTS",
 ]
 
 metadata = SQLModel.metadata
@@ -68,7 +70,7 @@ def _json(nullable: bool, name: str | None = None, key: str | None = None) -> sa
 
 
 # The design names these columns; Python keeps the shorter attribute (``key``), so
-# ``V.c.characters_json`` is the column ``characters_state_json`` in every statement.
+# ``VERSIONS.c.characters_json`` is the column ``characters_state_json`` in every statement.
 def _characters() -> sa.Column:
     return _json(False, "characters_state_json", "characters_json")
 
@@ -264,7 +266,7 @@ class SnapshotRow(SQLModel, table=True):
     # pending | ready | failed | stale
     status: str = Field(max_length=16)
     bundle_key: str | None = Field(default=None, max_length=DIGEST)  # the tar+zstd bundle's digest
-    # e.g. a sandbox provider's snapshot id (the design's name; ``S.c.external_ref`` in Python)
+    # e.g. a sandbox provider's snapshot id (the design's name; ``SNAPSHOTS.c.external_ref`` in Python)
     external_ref: str | None = Field(default=None, sa_column=sa.Column(
         "e2b_snapshot_ref", sa.String(1024), key="external_ref", nullable=True))
     files: int = 0
@@ -363,15 +365,15 @@ class TokenRow(SQLModel, table=True):
     revoked_at: datetime | None = Field(default=None, sa_column=_ts(nullable=True))
 
 
-P = ProjectRow.__table__
-V = VersionRow.__table__
-D = DraftRow.__table__
-C = DraftChangeRow.__table__
-T = TurnRow.__table__
-TC = ToolCallRow.__table__
-S = SnapshotRow.__table__
-SB = SandboxSessionRow.__table__
-H = HeadMoveRow.__table__
-K = TokenRow.__table__
-PK = PackRow.__table__
-PO = PackObjectRow.__table__
+PROJECTS = ProjectRow.__table__
+VERSIONS = VersionRow.__table__
+DRAFTS = DraftRow.__table__
+DRAFT_CHANGES = DraftChangeRow.__table__
+TURNS = TurnRow.__table__
+TOOL_CALLS = ToolCallRow.__table__
+SNAPSHOTS = SnapshotRow.__table__
+SANDBOX_SESSIONS = SandboxSessionRow.__table__
+HEAD_MOVES = HeadMoveRow.__table__
+TOKENS = TokenRow.__table__
+PACKS = PackRow.__table__
+PACK_OBJECTS = PackObjectRow.__table__
