@@ -135,13 +135,16 @@ class Checker:
         objects: list[tuple[str, str]] = []
         for vid, root in conn.execute(sa.select(VERSIONS.c.id, VERSIONS.c.code_manifest_key)):
             trees.append((f"version {vid} root", root))
-        for did, root in conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.code_manifest_key).where(DRAFTS.c.closed_at.is_(None))):
+        for did, root in conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.code_manifest_key)
+                                      .where(DRAFTS.c.closed_at.is_(None))):
             trees.append((f"draft {did} root", root))
-        for did, path, digest in conn.execute(sa.select(DRAFT_CHANGES.c.draft_id, DRAFT_CHANGES.c.path, DRAFT_CHANGES.c.digest)
+        for did, path, digest in conn.execute(sa.select(DRAFT_CHANGES.c.draft_id, DRAFT_CHANGES.c.path,
+                                                        DRAFT_CHANGES.c.digest)
                                               .where(DRAFT_CHANGES.c.digest.is_not(None))):
             objects.append((f"draft {did} overlay {path!r}", digest))
         for r in conn.execute(sa.select(TURNS.c.id, TURNS.c.start_root, TURNS.c.end_root, TURNS.c.start_state_digest,
-                                        TURNS.c.end_state_digest, TURNS.c.tool_calls_json).where(TURNS.c.pruned_at.is_(None))):
+                                        TURNS.c.end_state_digest, TURNS.c.tool_calls_json)
+                              .where(TURNS.c.pruned_at.is_(None))):
             for name, root in (("start", r.start_root), ("end", r.end_root)):
                 if root:
                     trees.append((f"turn {r.id} {name} root", root))
@@ -152,7 +155,8 @@ class Checker:
                 for k in ("args_digest", "result_digest"):
                     if call.get(k):
                         objects.append((f"turn {r.id} tool call {call['seq']} {k[:-7]}", call[k]))
-        for tid, seq, a, res in conn.execute(sa.select(TOOL_CALLS.c.turn_id, TOOL_CALLS.c.seq, TOOL_CALLS.c.args_digest, TOOL_CALLS.c.result_digest)):
+        for tid, seq, a, res in conn.execute(sa.select(TOOL_CALLS.c.turn_id, TOOL_CALLS.c.seq, TOOL_CALLS.c.args_digest,
+                                                       TOOL_CALLS.c.result_digest)):
             for name, key in (("args", a), ("result", res)):
                 if key:
                     objects.append((f"turn {tid} tool call {seq} {name}", key))

@@ -93,8 +93,8 @@ class Collector:
         expired: list[str] = []
         with self.db.tx(read_only=True) as conn:
             trees.update(conn.execute(sa.select(VERSIONS.c.code_manifest_key)).scalars())
-            for r in conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.project_id, DRAFTS.c.code_manifest_key, DRAFTS.c.closed_at,
-                                            DRAFTS.c.closed_reason)):
+            for r in conn.execute(sa.select(DRAFTS.c.id, DRAFTS.c.project_id, DRAFTS.c.code_manifest_key,
+                                            DRAFTS.c.closed_at, DRAFTS.c.closed_reason)):
                 if r.closed_reason == "published":
                     continue  # its tree is its version's, kept by the version row while it exists
                 if r.closed_at is None:
@@ -103,9 +103,9 @@ class Collector:
                     trees.add(r.code_manifest_key)
             keep.update(d for d in conn.execute(sa.select(DRAFT_CHANGES.c.digest)
                                                 .where(DRAFT_CHANGES.c.digest.is_not(None))).scalars())
-            for r in conn.execute(sa.select(TURNS.c.id, TURNS.c.project_id, TURNS.c.status, TURNS.c.ended_at, TURNS.c.start_root,
-                                            TURNS.c.end_root, TURNS.c.start_state_digest, TURNS.c.end_state_digest,
-                                            TURNS.c.tool_calls_json, TURNS.c.pruned_at)):
+            for r in conn.execute(sa.select(TURNS.c.id, TURNS.c.project_id, TURNS.c.status, TURNS.c.ended_at,
+                                            TURNS.c.start_root, TURNS.c.end_root, TURNS.c.start_state_digest,
+                                            TURNS.c.end_state_digest, TURNS.c.tool_calls_json, TURNS.c.pruned_at)):
                 if r.status != TurnStatus.RUNNING and (
                         r.pruned_at is not None
                         or self._expired(self.retention(r.project_id).turns_days, r.ended_at, now)):

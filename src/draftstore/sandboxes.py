@@ -95,13 +95,15 @@ class Sandboxes:
 
     @staticmethod
     def _turn_of(conn: Connection, project_id: str, turn_id: str) -> None:
-        if conn.execute(sa.select(TURNS.c.id).where(TURNS.c.id == turn_id, TURNS.c.project_id == project_id)).first() is None:
+        if conn.execute(sa.select(TURNS.c.id).where(TURNS.c.id == turn_id,
+                                                    TURNS.c.project_id == project_id)).first() is None:
             raise E.turn_not_found(turn_id, project_id)
 
     @staticmethod
     def _snapshot_of(conn: Connection, project_id: str, snapshot_id: Any) -> None:
         sid = check.snapshot_id(snapshot_id)
-        if conn.execute(sa.select(SNAPSHOTS.c.id).where(SNAPSHOTS.c.id == sid, SNAPSHOTS.c.project_id == project_id)).first() is None:
+        if conn.execute(sa.select(SNAPSHOTS.c.id).where(SNAPSHOTS.c.id == sid,
+                                                        SNAPSHOTS.c.project_id == project_id)).first() is None:
             raise E.SnapshotNotFound(f"no snapshot {sid!r} in project {project_id}", snapshot_id=sid)
 
     def get(self, session_id: str, project_id: str | None) -> SandboxSession:

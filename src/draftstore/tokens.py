@@ -58,7 +58,8 @@ class Tokens:
         tid = new_id()
         secret = f"dst_{tid}_{secrets.token_urlsafe(32)}"
         with self.db.tx() as conn:
-            if project_id is not None and conn.execute(sa.select(PROJECTS.c.id).where(PROJECTS.c.id == project_id)).first() is None:
+            if project_id is not None and conn.execute(sa.select(PROJECTS.c.id)
+                                                       .where(PROJECTS.c.id == project_id)).first() is None:
                 raise E.ProjectNotFound(f"no project {project_id!r}", project_id=project_id)
             conn.execute(TOKENS.insert().values(id=tid, secret_hash=_digest(secret), role=role, project_id=project_id,
                                                 name=name, created_at=utcnow(), created_by=actor))
