@@ -8,6 +8,9 @@ Fixtures for everyone:
   (SqliteCoordinator in tmp_path), ``real`` (RedisCoordinator, fresh key
   prefix per test) and ``cluster`` (RedisCoordinator on a Redis Cluster of 3
   masters and 3 replicas started for the session, fresh key prefix per test).
+- ``module_stack`` — the same, shared by the tests of one module that ask for it
+  (``shared_service`` in tests/service_fixtures.py): tests on it make their own
+  projects and tokens and look only at those.
 - ``cluster_stack`` — the real stack with its coordinator on the session's Redis
   Cluster (tests/test_redis_cluster.py runs chosen stories on it as ``stack``).
 - ``stack``       — params ``embedded`` and ``real``; a dict of the URLs
@@ -147,6 +150,16 @@ def stack(request: pytest.FixtureRequest, tmp_path: Any) -> dict[str, str]:
     return _real_stack(request, server.url(token()))
 
 
+@pytest.fixture(scope="module", params=FLAVOURS)
+def module_stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """``stack``, once per module and flavour."""
+    if request.param == "embedded":
+        home = tmp_path_factory.mktemp("module-stack")
+        return {"database_url": f"sqlite:///{home}/ds.db", "blob_url": f"file://{home}/blobs"}
+    server: RedisServer = request.getfixturevalue("real_redis")
+    return _real_stack(request, server.url(token()))
+
+
 def _real_stack(request: pytest.FixtureRequest, coord_url: str) -> dict[str, str]:
     """The real stack's URLs: a fresh database copied from the template (dropped in the
     background after the test), a fresh S3 prefix, and ``coord_url``."""
@@ -169,4 +182,4 @@ def cluster_stack(request: pytest.FixtureRequest) -> dict[str, str]:
 # Store fixtures (owned by the Store's author): add `store` built from `stack` below.
 # =======================================================================================
 from store_fixtures import store, store_factory  # noqa: E402,F401
-from service_fixtures import service, service_factory  # noqa: E402,F401
+from service_fixtures import service, service_factory, shared_service, shared_service_per_test  # noqa: E402,F401

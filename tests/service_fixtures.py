@@ -5,6 +5,11 @@
   ``Service``; every service it started is stopped after the test.
 - ``service`` — one service on the stack, with an admin token, so tests
   exercise the authenticated path (open mode has tests of its own).
+- ``shared_service`` — one such service on ``module_stack``, started once per
+  module and flavour (per xdist worker) for the tests that ask for it. A test
+  module whose tests each make their own projects and tokens and look only at
+  those makes its ``service`` this one (``shared_service_per_test``): a service's
+  start-up is ~1-2 s of CPU, most of what such a test costs.
 
 A ``Service`` has ``url``, ``client(token=...)`` (an httpx client), ``store``
 (a Store on the same stack, for setting up and checking state directly),
@@ -30,7 +35,7 @@ import pytest
 
 from draftstore import Settings, Store
 
-__all__ = ["Service", "service", "service_factory", "free_port"]
+__all__ = ["Service", "service", "service_factory", "shared_service", "shared_service_per_test", "free_port"]
 
 
 def free_port() -> int:
@@ -64,9 +69,13 @@ class Service:
     def token(self, role: str, project_id: str | None = None) -> str:
         return self.store.tokens.create(role, project_id=project_id)[1]
 
-    def stop(self, sig: int = signal.SIGTERM) -> None:
+    def close_clients(self) -> None:
         for c in self.clients:
             c.close()
+        self.clients.clear()
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        self.close_clients()
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -92,24 +101,34 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     pytest.fail(f"the service at {url} was not ready within {timeout}s")
 
 
+def _start(stack: dict[str, str], stores: list[Store], workers: int = 1, env: dict[str, str] | None = None,
+           with_admin: bool = True) -> Service:
+    port = free_port()
+    store = Store.open(**stack, settings=Settings(), migrate=True)
+    stores.append(store)
+    admin = store.tokens.create("admin", name="tests")[1] if with_admin else None
+    cmd = [sys.executable, "-m", "uvicorn", "draftstore.service.app:create_app", "--factory",
+           "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning",
+           "--no-access-log"]
+    proc = subprocess.Popen(cmd, env={**stack_env(stack), **(env or {})}, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    svc = Service(f"http://127.0.0.1:{port}", proc, store, admin)
+    try:
+        _wait_ready(svc.url, proc)
+    except BaseException:
+        svc.stop()
+        raise
+    return svc
+
+
 @pytest.fixture
 def service_factory(stack: dict[str, str]) -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
     stores: list[Store] = []
 
     def start(workers: int = 1, env: dict[str, str] | None = None, with_admin: bool = True) -> Service:
-        port = free_port()
-        store = Store.open(**stack, settings=Settings(), migrate=True)
-        stores.append(store)
-        admin = store.tokens.create("admin", name="tests")[1] if with_admin else None
-        cmd = [sys.executable, "-m", "uvicorn", "draftstore.service.app:create_app", "--factory",
-               "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning",
-               "--no-access-log"]
-        proc = subprocess.Popen(cmd, env={**stack_env(stack), **(env or {})}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT)
-        svc = Service(f"http://127.0.0.1:{port}", proc, store, admin)
+        svc = _start(stack, stores, workers, env, with_admin)
         started.append(svc)
-        _wait_ready(svc.url, proc)
         return svc
 
     yield start
@@ -122,6 +141,26 @@ def service_factory(stack: dict[str, str]) -> Iterator[Callable[..., Service]]:
 @pytest.fixture
 def service(service_factory: Callable[..., Service]) -> Service:
     return service_factory()
+
+
+@pytest.fixture(scope="module")
+def shared_service(module_stack: dict[str, str]) -> Iterator[Service]:
+    stores: list[Store] = []
+    svc = _start(module_stack, stores)
+    yield svc
+    svc.stop()
+    for store in stores:
+        store.close()
+
+
+@pytest.fixture
+def shared_service_per_test(shared_service: Service) -> Iterator[Service]:
+    """``shared_service`` for one test: the clients the test opened are closed after it, and a
+    service that a test left dead fails that test, not the next one."""
+    yield shared_service
+    shared_service.close_clients()
+    if shared_service.proc.poll() is not None:
+        pytest.fail(f"the shared service exited ({shared_service.proc.returncode}) during this test")
 
 
 # -- a service's output, a request left hanging, a kill -9 (the fault tests) ---------------------------------

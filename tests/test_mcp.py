@@ -227,6 +227,13 @@ def test_stdio_refuses_an_unknown_project_or_a_turn_of_another_project(home: Pat
 
 
 # -- HTTP --------------------------------------------------------------------------------
+@pytest.fixture
+def service(shared_service_per_test: Service) -> Service:
+    """One service per flavour for this module's tests (``shared_service``): each test makes its
+    own projects and tokens and looks only at those."""
+    return shared_service_per_test
+
+
 def test_http_every_tool_through_the_service_with_an_agent_token(service: Service) -> None:
     store = service.store
     project_id = new_project(store)

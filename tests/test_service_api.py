@@ -26,6 +26,13 @@ from services import token as random_token
 Json = Any
 
 
+@pytest.fixture
+def service(shared_service_per_test: Service) -> Service:
+    """One service per flavour for this module's tests (``shared_service``): each test makes its
+    own projects and tokens and looks only at those."""
+    return shared_service_per_test
+
+
 # -- helpers -------------------------------------------------------------------------------
 def b64(data: bytes | str) -> str:
     return base64.b64encode(data.encode() if isinstance(data, str) else data).decode()

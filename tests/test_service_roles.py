@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+import pytest
 import sqlalchemy as sa
 
 from draftstore import Store
@@ -40,6 +41,13 @@ DECIDERS = frozenset({"admin", "approver"})  # a person's decision: never an age
 PUBLIC = frozenset({"admin", "agent", "observer", "approver", "none", "bad", "revoked"})
 CALLERS = ["admin", "agent", "observer", "approver", "none", "bad", "revoked"]
 UNKNOWN_TOKEN = f"dst_{'0' * 32}_{'A' * 43}"  # well formed, never issued
+
+
+@pytest.fixture
+def service(shared_service_per_test: Service) -> Service:
+    """One service per flavour for this module's tests (``shared_service``): each test makes its
+    own projects and tokens and looks only at those."""
+    return shared_service_per_test
 
 
 @dataclass(frozen=True)

@@ -52,6 +52,14 @@ DURABLE = {"turn.started", "tool.started", "tool.awaiting_approval", "tool.appro
 SSE_ID = re.compile(r"^([0-9a-f]{16}|-):(\d+)$")
 
 
+
+@pytest.fixture
+def service(shared_service_per_test: Service) -> Service:
+    """One service per flavour for this module's tests (``shared_service``): each test makes its
+    own projects and tokens and looks only at those. Tests that change the service's settings,
+    lose its Redis buffer or count its resources start their own (``service_factory``)."""
+    return shared_service_per_test
+
 # == the client: an EventSource over a raw socket ===========================================
 @dataclass(frozen=True)
 class SseEvent:
@@ -1046,7 +1054,8 @@ def usage(pid: int, port: int) -> dict[str, int]:
 
 
 @pytest.mark.alone  # it bounds response times
-def test_hundreds_of_idle_subscribers_neither_slow_the_service_down_nor_leak(service: Service):
+def test_hundreds_of_idle_subscribers_neither_slow_the_service_down_nor_leak(service_factory):
+    service = service_factory()  # a service of its own: its threads, descriptors and memory are counted
     subscribers = 300
     c = service.client()
     turns = [start_turn(c, new_project(c, f"idle{i}")) for i in range(3)]
@@ -1167,7 +1176,8 @@ class PartialWrites:
 
 @pytest.mark.alone  # it counts writes a second
 def test_deltas_reach_the_stream_one_by_one_but_the_partial_response_is_written_about_once_a_second(
-        service: Service):
+        service_factory):
+    service = service_factory()  # a database of its own: the triggers below count every turn-row write
     c = service.client()
     p = new_project(c)
     t = start_turn(c, p)
