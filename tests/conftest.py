@@ -181,5 +181,5 @@ def cluster_stack(request: pytest.FixtureRequest) -> dict[str, str]:
 # =======================================================================================
 # Store fixtures (owned by the Store's author): add `store` built from `stack` below.
 # =======================================================================================
-from store_fixtures import store, store_factory  # noqa: E402,F401
+from store_fixtures import shared_store, store, store_factory  # noqa: E402,F401
 from service_fixtures import service, service_factory, shared_service, shared_service_per_test  # noqa: E402,F401

@@ -5,6 +5,9 @@
   stack (each with its own engine, blob cache and coordinator client): "another
   process" without leaving this one. ``store_factory(settings=...)`` passes
   tuning knobs; every store it opened is closed after the test.
+- ``shared_store``   — one ``Store`` on ``module_stack``, opened once per module and
+  flavour, for a module whose tests each make their own projects and look only
+  at those (it makes its ``store`` this one).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import pytest
 
 from draftstore import Settings, Store
 
-__all__ = ["store", "store_factory"]
+__all__ = ["store", "store_factory", "shared_store"]
 
 
 @pytest.fixture
@@ -36,3 +39,10 @@ def store_factory(stack: dict[str, str]) -> Iterator[Callable[..., Store]]:
 def store(store_factory: Callable[..., Store]) -> Store:
     return store_factory()
 
+
+
+@pytest.fixture(scope="module")
+def shared_store(module_stack: dict[str, str]) -> Iterator[Store]:
+    s = Store.open(**module_stack, settings=Settings(), migrate=True)
+    yield s
+    s.close()
