@@ -101,11 +101,12 @@ def _wait_ready(url: str, proc: subprocess.Popen[bytes], timeout: float = 60) ->
     pytest.fail(f"the service at {url} was not ready within {timeout}s")
 
 
-def _start(stack: dict[str, str], stores: list[Store], workers: int = 1, env: dict[str, str] | None = None,
+def _start(stack: dict[str, str], workers: int = 1, env: dict[str, str] | None = None,
            with_admin: bool = True) -> Service:
+    """A service on ``stack`` that answers ``/healthz``, with its own ``Store`` (the caller stops
+    the one and closes the other; a service that never became ready leaves neither behind)."""
     port = free_port()
     store = Store.open(**stack, settings=Settings(), migrate=True)
-    stores.append(store)
     admin = store.tokens.create("admin", name="tests")[1] if with_admin else None
     cmd = [sys.executable, "-m", "uvicorn", "draftstore.service.app:create_app", "--factory",
            "--host", "127.0.0.1", "--port", str(port), "--workers", str(workers), "--log-level", "warning",
@@ -117,25 +118,30 @@ def _start(stack: dict[str, str], stores: list[Store], workers: int = 1, env: di
         _wait_ready(svc.url, proc)
     except BaseException:
         svc.stop()
+        store.close()
         raise
     return svc
+
+
+def _stop_all(services: list[Service]) -> None:
+    """Stop every service, newest first, then close their stores."""
+    for svc in reversed(services):
+        svc.stop()
+    for svc in services:
+        svc.store.close()
 
 
 @pytest.fixture
 def service_factory(stack: dict[str, str]) -> Iterator[Callable[..., Service]]:
     started: list[Service] = []
-    stores: list[Store] = []
 
     def start(workers: int = 1, env: dict[str, str] | None = None, with_admin: bool = True) -> Service:
-        svc = _start(stack, stores, workers, env, with_admin)
+        svc = _start(stack, workers, env, with_admin)
         started.append(svc)
         return svc
 
     yield start
-    for svc in reversed(started):
-        svc.stop()
-    for store in stores:
-        store.close()
+    _stop_all(started)
 
 
 @pytest.fixture
@@ -145,12 +151,9 @@ def service(service_factory: Callable[..., Service]) -> Service:
 
 @pytest.fixture(scope="module")
 def shared_service(module_stack: dict[str, str]) -> Iterator[Service]:
-    stores: list[Store] = []
-    svc = _start(module_stack, stores)
+    svc = _start(module_stack)
     yield svc
-    svc.stop()
-    for store in stores:
-        store.close()
+    _stop_all([svc])
 
 
 @pytest.fixture

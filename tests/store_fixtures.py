@@ -40,7 +40,6 @@ def store(store_factory: Callable[..., Store]) -> Store:
     return store_factory()
 
 
-
 @pytest.fixture(scope="module")
 def shared_store(module_stack: dict[str, str]) -> Iterator[Store]:
     s = Store.open(**module_stack, settings=Settings(), migrate=True)

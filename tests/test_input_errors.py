@@ -30,12 +30,12 @@ SURROGATE = "\ud800"
 LONG_ACTOR = "a" * 201
 
 
-
 @pytest.fixture
 def store(shared_store: Store) -> Store:
     """One store per flavour for this module (``shared_store``): each test makes its own project,
     and every check compares a snapshot of that project (and the list of projects) before and after."""
     return shared_store
+
 
 def new_project(store: Store):
     return store.create_project("errors", files={"main.py": "print(1)\n", "a.py": "a = 1\n"},

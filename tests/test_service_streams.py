@@ -52,13 +52,13 @@ DURABLE = {"turn.started", "tool.started", "tool.awaiting_approval", "tool.appro
 SSE_ID = re.compile(r"^([0-9a-f]{16}|-):(\d+)$")
 
 
-
 @pytest.fixture
 def service(shared_service_per_test: Service) -> Service:
     """One service per flavour for this module's tests (``shared_service``): each test makes its
     own projects and tokens and looks only at those. Tests that change the service's settings,
     lose its Redis buffer or count its resources start their own (``service_factory``)."""
     return shared_service_per_test
+
 
 # == the client: an EventSource over a raw socket ===========================================
 @dataclass(frozen=True)
