@@ -3,7 +3,8 @@
 Runs every scenario on the real stack (PostgreSQL, SeaweedFS/S3, Redis) and
 prints, per scenario, exactly one line ``NAME ratio=R ours_ms=X baseline_ms=Y``
 (R = ours / baseline) on stdout, then a summary table with each goal and
-PASS / MISS. Progress goes to stderr. See bench/README.md.
+PASS / MISS ((PASS) / (MISS) on comparison rows: an alternative the product does not
+ship, read against the same goal). Progress goes to stderr. See bench/README.md.
 """
 
 from __future__ import annotations
@@ -58,8 +59,11 @@ def summary(results: list[Result], quick: bool, elapsed: float) -> str:
         if j == 0:
             lines.append("  ".join("-" * w for w in widths) + "  " + "-" * 15)
     counts = {v: sum(r.verdict == v for r in results) for v in ("PASS", "MISS", "SKIP", "INFO")}
+    compared = {v: sum(r.verdict == f"({v})" for r in results) for v in ("PASS", "MISS")}
     lines.append(f"{counts['PASS']} pass, {counts['MISS']} miss, {counts['SKIP']} skipped"
-                 + (f", {counts['INFO']} information rows (no goal)" if counts["INFO"] else ""))
+                 + (f", {counts['INFO']} information rows (no goal)" if counts["INFO"] else "")
+                 + (f"; comparison rows (not shipped, not goals of the product): {compared['PASS']} within "
+                    f"the goal, {compared['MISS']} over" if any(compared.values()) else ""))
     for r in results:
         for note in r.notes:
             lines.append(f"note {r.name}: {note}")

@@ -96,6 +96,9 @@ class Result:
     ours_what: str = ""
     baseline_what: str = ""
     notes: list[str] = field(default_factory=list)
+    # a row of an alternative the product does not ship (FastAPI without the fast lane):
+    # read against the same goal, to show what shipping it would cost; not a goal of its own
+    comparison: bool = False
 
     @property
     def ratio(self) -> float | None:
@@ -108,7 +111,8 @@ class Result:
         if self.skipped is not None:
             return "SKIP"
         r = self.ratio
-        return "PASS" if r is not None and r <= self.goal else "MISS"
+        verdict = "PASS" if r is not None and r <= self.goal else "MISS"
+        return f"({verdict})" if self.comparison else verdict
 
     def line(self) -> str:
         if self.skipped is not None:
