@@ -3,7 +3,7 @@
 The suite runs on pytest-xdist workers (``-n``). Most tests share nothing but the
 servers, each under its own database, S3 prefix and Redis prefix, so they may run
 side by side. A few must not: they bound response times, count what happens per
-second, or spend a time budget whose size is their coverage (the fuzzer). Those
+second, or read answers with sub-second timeouts (the fuzzer's event routes). Those
 carry ``@pytest.mark.alone``.
 
 The guarantee: while an ``alone`` test is between the start of its set-up and

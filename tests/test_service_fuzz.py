@@ -1,7 +1,7 @@
 """Schemathesis against the running service's own ``/openapi.json``.
 
 One pytest item per stack: ``service`` runs uvicorn in a subprocess on the
-embedded and on the real stack (~25 s of generated requests each on a 2-core
+embedded and on the real stack (~2,500 requests, 36-40 s each on a quiet 2-core
 machine). Every request carries the fixture's admin token. Before generating,
 the fixture seeds data so generated requests sometimes hit existing
 resources: a project with files, two published versions, an ended turn and a
@@ -17,9 +17,11 @@ the next request that names the running turn.
 Per operation: the schema's examples, the coverage phase (boundary and
 invalid values derived from the schema, two unexpected methods) and
 ``MAX_EXAMPLES`` fuzzed cases (positive and negative), derandomized so every
-run sends the same cases. Shrinking is off: a failure reports the request as
-sent. No case is sent after ``BUDGET_S`` per stack (a warning says how many
-were not). The event routes are called alternately for a JSON page and for
+run sends the same cases: the same coverage on a fast machine and a slow one.
+Shrinking is off: a failure reports the request as sent. ``BUDGET_S`` per
+stack is a cap for a run gone wrong (a server that answers every request
+slowly), three times a quiet run's length: no case is sent after it, and a
+warning says how many were not. The event routes are called alternately for a JSON page and for
 the SSE stream (read for ``SSE_TIMEOUT_S``).
 
 Checks, per response:
@@ -68,16 +70,18 @@ from hypothesis import strategies as st
 
 from draftstore import Store
 
-# fuzzed cases per operation (on top of the schema's examples and the coverage cases), and the time
-# budget per stack. A longer, randomized exploration by hand:
+# fuzzed cases per operation (on top of the schema's examples and the coverage cases), and the cap on
+# a stack's time (every case is sent well within it; see the docstring). A longer, randomized
+# exploration by hand:
 # FUZZ_MAX_EXAMPLES=150 FUZZ_BUDGET_S=400 FUZZ_RANDOM=1 FUZZ_VERBOSE=1 pytest -s tests/test_service_fuzz.py
 MAX_EXAMPLES = int(os.environ.get("FUZZ_MAX_EXAMPLES", "15"))
-BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "45"))
+BUDGET_S = float(os.environ.get("FUZZ_BUDGET_S", "120"))
 DERANDOMIZE = not os.environ.get("FUZZ_RANDOM")  # CI sends the same cases every run
 SSE_TIMEOUT_S = 0.5  # an event stream of a running turn never ends by itself: read it this long
 RUNNING = "RUNNINGTURN"  # placeholder (URL-safe) for "the running turn", replaced at call time
 
-# a time budget is coverage: no other test of the run may eat into it (tests/alone.py)
+# alone (tests/alone.py): an event route's answer, even a JSON page, must come within SSE_TIMEOUT_S,
+# which a machine busy with other tests could miss
 pytestmark = pytest.mark.alone
 
 
@@ -310,7 +314,7 @@ def fuzz(service: Any) -> Iterator[Fuzz]:
             print(f"  {label}: {dict(sorted(c.items()))}", file=sys.stderr)
     if seed.seed_errors:
         print("  seeding through the library failed: " + "; ".join(seed.seed_errors), file=sys.stderr)
-    if f.unsent:  # a slow machine sends fewer cases; say so rather than fail
+    if f.unsent:  # the cap was reached: fewer cases than every other run sent; say so rather than fail
         warnings.warn(f"the fuzz time budget ({BUDGET_S:.0f}s) ran out: {f.unsent} generated cases were not sent",
                       stacklevel=1)
 
