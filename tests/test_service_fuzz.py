@@ -21,8 +21,8 @@ run sends the same cases: the same coverage on a fast machine and a slow one.
 Shrinking is off: a failure reports the request as sent. ``BUDGET_S`` per
 stack is a cap for a run gone wrong (a server that answers every request
 slowly), three times a quiet run's length: no case is sent after it, and a
-warning says how many were not. The event routes are called alternately for a JSON page and for
-the SSE stream (read for ``SSE_TIMEOUT_S``).
+warning says how many were not. The event routes are called alternately for
+a JSON page and for the SSE stream (read for ``SSE_TIMEOUT_S``).
 
 Checks, per response:
 
@@ -315,7 +315,7 @@ def fuzz(service: Any) -> Iterator[Fuzz]:
     if seed.seed_errors:
         print("  seeding through the library failed: " + "; ".join(seed.seed_errors), file=sys.stderr)
     if f.unsent:  # the cap was reached: fewer cases than every other run sent; say so rather than fail
-        warnings.warn(f"the fuzz time budget ({BUDGET_S:.0f}s) ran out: {f.unsent} generated cases were not sent",
+        warnings.warn(f"the fuzz time cap ({BUDGET_S:.0f}s) was reached: {f.unsent} generated cases were not sent",
                       stacklevel=1)
 
 
